@@ -1,0 +1,12 @@
+"""convs2s: a faithful, fairseq-compatible ConvS2S (Gehring et al. 2017) on fused kernels."""
+
+from .architectures import ARCHITECTURES, ConvS2SConfig, get_config, parse_layer_spec
+from .model import ConvS2SModel, build_model
+
+__version__ = "0.1.0"
+
+__all__ = ["ARCHITECTURES", "ConvS2SConfig", "ConvS2SModel", "build_model", "get_config", "parse_layer_spec"]
+
+from .generate import generate, greedy  # noqa: E402
+
+__all__ += ["generate", "greedy"]

@@ -1,0 +1,212 @@
+"""The ConvS2S decoder with multi-step attention (paper section 3; fairseq ``FConvDecoder``).
+
+Two paths compute the same function:
+
+* :meth:`Decoder.forward` — the whole target prefix at once (training, scoring);
+* :meth:`Decoder.forward_step` — one token per row, carrying a :class:`DecoderState` that holds
+  the last ``k-1`` inputs of every convolution and the encoder outputs. Rows are grouped per
+  sentence (``N = B * beam``, beams of a sentence adjacent), so the encoder outputs are kept once
+  per sentence and attention treats a sentence's beams as its queries (fairseq's BeamableMM).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import convs2s_kernels as ck
+
+from .architectures import ConvS2SConfig
+from .encoder import PAD, EncoderOut, check_tokens
+from .layers import SQRT_HALF, ConvTBCWeight, Linear, embedding, make_positions, residual_sources
+
+
+class AttentionLayer(nn.Module):
+    """``d = (W_in h + b + g) sqrt(1/2)``, ``c = attention_embsum(d, z, y)``, ``(W_out c + b + h) sqrt(1/2)``."""
+
+    def __init__(self, conv_channels: int, embed_dim: int, weight_norm: bool = True):
+        super().__init__()
+        self.in_projection = Linear(conv_channels, embed_dim, weight_norm=weight_norm)
+        self.out_projection = Linear(embed_dim, conv_channels, weight_norm=weight_norm)
+
+    def forward(self, h, target_embedding, enc: EncoderOut, need_attn: bool, backend=None):
+        """``h (B, T, C)``, ``target_embedding (B, T, E)`` -> ``(out (B, T, C), attn (B, T, S) or None)``."""
+        d = (self.in_projection(h) + target_embedding) * SQRT_HALF
+        result = ck.attention_embsum(d, enc.z, enc.y, enc.src_lengths, return_attn=need_attn, backend=backend)
+        context, attn = result if need_attn else (result, None)
+        return (self.out_projection(context) + h) * SQRT_HALF, attn
+
+
+class DecoderState:
+    """Incremental decoding state: per-layer conv FIFOs, the encoder outputs and the step count.
+
+    ``conv_states[i]`` is ``(N, k_i - 1, C_in_i)`` (oldest first, zeros before the first step).
+    :meth:`reorder` records the parent row of each new row; the next step's fused
+    ``conv_step`` applies it while shifting, so reordering costs no extra pass over memory.
+    """
+
+    def __init__(self, encoder_out: EncoderOut, beam: int, conv_states: List[torch.Tensor]):
+        self.encoder_out = encoder_out
+        self.beam = beam
+        self.conv_states = conv_states
+        self.step = 0
+        self.pending_index: Optional[torch.Tensor] = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.encoder_out.z.shape[0] * self.beam
+
+    def reorder(self, beam_index: torch.Tensor, sentence_index: Optional[torch.Tensor] = None) -> None:
+        """Follow the chosen parents: new row ``n`` continues old row ``beam_index[n]``.
+
+        ``sentence_index`` (B_new,) keeps only those sentences' encoder outputs (finished sentences
+        dropped); every parent must then belong to the sentence at the same new position.
+        """
+        beam_index = beam_index.long()
+        if self.pending_index is not None:
+            beam_index = self.pending_index.index_select(0, beam_index)
+        self.pending_index = beam_index
+        if sentence_index is not None:
+            self.encoder_out = self.encoder_out.index_select(sentence_index.long())
+        if beam_index.shape[0] != self.num_rows:
+            raise ValueError(
+                f"reorder gives {beam_index.shape[0]} rows but the state has "
+                f"{self.encoder_out.z.shape[0]} sentences x beam {self.beam}"
+            )
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ConvS2SConfig, vocab_size: int, weight_norm: bool = True):
+        super().__init__()
+        p = cfg.dropout
+        self.dropout = p
+        self.vocab_size = vocab_size
+        self.register_buffer("version", torch.tensor([2.0]))
+        spec = cfg.decoder_layers
+        embed_dim = cfg.decoder_embed_dim
+        self.embed_tokens = embedding(vocab_size, embed_dim, PAD)
+        self.embed_positions = embedding(cfg.max_target_positions, embed_dim, PAD)
+        self.fc1 = Linear(embed_dim, spec[0][0], dropout=p, weight_norm=weight_norm)
+        self.projections = nn.ModuleList()
+        self.convolutions = nn.ModuleList()
+        self.attention = nn.ModuleList()
+        self.residuals = [r for _, _, r in spec]
+        in_channels = spec[0][0]
+        for (out_channels, k, r), res_dim, att in zip(spec, residual_sources(spec), cfg.decoder_attention):
+            needs_proj = res_dim is not None and res_dim != out_channels
+            self.projections.append(Linear(res_dim, out_channels, weight_norm=weight_norm) if needs_proj else None)
+            self.convolutions.append(ConvTBCWeight(in_channels, 2 * out_channels, k, dropout=p, weight_norm=weight_norm))
+            self.attention.append(AttentionLayer(out_channels, embed_dim, weight_norm) if att else None)
+            in_channels = out_channels
+        self.share_input_output_embed = cfg.share_input_output_embed
+        self.fc2 = Linear(in_channels, cfg.decoder_out_embed_dim, weight_norm=weight_norm)
+        if cfg.share_input_output_embed:
+            # fairseq: a plain nn.Linear tied to the target embedding, bias with PyTorch's default init.
+            self.fc3 = nn.Linear(cfg.decoder_out_embed_dim, vocab_size)
+            self.fc3.weight = self.embed_tokens.weight
+        else:
+            self.fc3 = Linear(cfg.decoder_out_embed_dim, vocab_size, dropout=p, weight_norm=weight_norm)
+
+    @property
+    def max_positions(self) -> int:
+        return self.embed_positions.num_embeddings - PAD - 1
+
+    def _residual(self, residuals, proj, r):
+        if r == 0:
+            return None
+        res = residuals[-r]
+        return res if proj is None else proj(res)
+
+    def _output(self, x):
+        x = self.fc2(x)
+        x = F.dropout(x, self.dropout, self.training)
+        return self.fc3(x)
+
+    def forward(self, prev_output_tokens: torch.Tensor, encoder_out: EncoderOut, need_attn: bool = True,
+                backend: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Full-sequence forward: ``prev_output_tokens (B, T)`` (EOS first, right-padded) ->
+        ``(logits (B, T, V), attention averaged over layers (B, T, S) or None)``."""
+        check_tokens("prev_output_tokens", prev_output_tokens, self.vocab_size, self.max_positions)
+        tokens = prev_output_tokens.long()
+        x = self.embed_tokens(tokens) + self.embed_positions(make_positions(tokens, PAD))
+        x = F.dropout(x, self.dropout, self.training)
+        target_embedding = x
+        x = self.fc1(x)
+        residuals = [x]
+        avg_attn = None
+        num_layers = len(self.convolutions)
+        for proj, conv, attention, r in zip(self.projections, self.convolutions, self.attention, self.residuals):
+            residual = self._residual(residuals, proj, r)
+            x = F.dropout(x, self.dropout, self.training)
+            w, b = conv.effective_weight(), conv.bias
+            if attention is None:
+                x = ck.conv_glu(x, w, b, causal=True, residual=residual,
+                                scale=SQRT_HALF if residual is not None else None, backend=backend)
+            else:
+                x = ck.conv_glu(x, w, b, causal=True, backend=backend)
+                x, attn = attention(x, target_embedding, encoder_out, need_attn, backend)
+                if attn is not None:
+                    # fairseq divides by the number of layers, counting those without attention.
+                    avg_attn = attn / num_layers if avg_attn is None else avg_attn + attn / num_layers
+                if residual is not None:
+                    x = (x + residual) * SQRT_HALF
+            residuals.append(x)
+        return self._output(x), avg_attn
+
+    def init_state(self, encoder_out: EncoderOut, beam: int = 1) -> DecoderState:
+        """A fresh state for ``B * beam`` rows (beams of a sentence adjacent)."""
+        rows = encoder_out.z.shape[0] * beam
+        ref = encoder_out.z
+        states = [
+            ref.new_zeros(rows, conv.kernel_width - 1, conv.in_channels) for conv in self.convolutions
+        ]
+        return DecoderState(encoder_out, beam, states)
+
+    def forward_step(self, tokens: torch.Tensor, state: DecoderState, need_attn: bool = True,
+                     backend: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One decoding step: ``tokens (N,)``, the previous output of each row (EOS at step 0).
+
+        Returns ``(logits (N, V), averaged attention (N, S) or None)`` and advances ``state``.
+        """
+        N = state.num_rows
+        if tokens.dim() != 1 or tokens.shape[0] != N:
+            raise ValueError(f"tokens must have shape ({N},) for {N} rows, got {tuple(tokens.shape)}")
+        position = PAD + state.step + 1
+        if position >= self.embed_positions.num_embeddings:
+            raise ValueError(f"step {state.step} is past the position table ({self.max_positions} positions)")
+        check_tokens("tokens", tokens.view(-1, 1), self.vocab_size, 1)
+        enc = state.encoder_out
+        B, beam = enc.z.shape[0], state.beam
+        x = self.embed_tokens(tokens.long()) + self.embed_positions.weight[position]
+        x = F.dropout(x, self.dropout, self.training)
+        target_embedding = x
+        x = self.fc1(x)
+        residuals = [x]
+        avg_attn = None
+        num_layers = len(self.convolutions)
+        parents = state.pending_index
+        for i, (proj, conv, attention, r) in enumerate(
+            zip(self.projections, self.convolutions, self.attention, self.residuals)
+        ):
+            residual = self._residual(residuals, proj, r)
+            x = F.dropout(x, self.dropout, self.training)
+            x, state.conv_states[i] = ck.conv_step(
+                x, state.conv_states[i], conv.effective_weight(), conv.bias, parents, backend=backend
+            )
+            if attention is not None:
+                # A sentence's beams are its queries: (N, C) -> (B, beam, C) against one encoder copy.
+                h = x.view(B, beam, -1)
+                out, attn = attention(h, target_embedding.view(B, beam, -1), enc, need_attn, backend)
+                x = out.reshape(N, -1)
+                if attn is not None:
+                    attn = attn.reshape(N, -1) / num_layers
+                    avg_attn = attn if avg_attn is None else avg_attn + attn
+            if residual is not None:
+                x = (x + residual) * SQRT_HALF
+            residuals.append(x)
+        state.pending_index = None
+        state.step += 1
+        return self._output(x), avg_attn

@@ -1,0 +1,117 @@
+"""The ConvS2S encoder (paper section 3; fairseq ``FConvEncoder``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import convs2s_kernels as ck
+
+from .architectures import ConvS2SConfig
+from .layers import SQRT_HALF, ConvTBCWeight, GradMultiply, Linear, embedding, make_positions, residual_sources
+
+PAD, EOS = 1, 2
+
+
+@dataclass
+class EncoderOut:
+    """Encoder outputs, one row per sentence.
+
+    ``z (B, S, E)`` attention keys (pad steps zero), ``y (B, S, E)`` values ``(z + e) * sqrt(1/2)``,
+    ``src_lengths (B,)`` true lengths (EOS included), ``pad_mask (B, S)`` True at (left) padding.
+    """
+
+    z: torch.Tensor
+    y: torch.Tensor
+    src_lengths: torch.Tensor
+    pad_mask: torch.Tensor
+
+    def index_select(self, index: torch.Tensor) -> "EncoderOut":
+        return EncoderOut(*(t.index_select(0, index) for t in (self.z, self.y, self.src_lengths, self.pad_mask)))
+
+
+def check_tokens(name: str, tokens, vocab_size: int, max_len: int) -> None:
+    """Clear errors for the token tensors the model accepts."""
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(tokens).__name__}")
+    if tokens.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must hold integer token ids (int64), got {tokens.dtype}")
+    if tokens.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, T), got {tuple(tokens.shape)}")
+    if tokens.shape[1] == 0 or tokens.shape[0] == 0:
+        raise ValueError(f"{name} is empty: shape {tuple(tokens.shape)}")
+    if tokens.shape[1] > max_len:
+        raise ValueError(
+            f"{name} has {tokens.shape[1]} steps but the position table allows at most {max_len} "
+            "(EOS included); shorten or split the sentence"
+        )
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"{name} ids must lie in [0, {vocab_size - 1}] (the vocabulary), got min {lo}, max {hi}")
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: ConvS2SConfig, vocab_size: int, weight_norm: bool = True):
+        super().__init__()
+        p = cfg.dropout
+        self.dropout = p
+        self.vocab_size = vocab_size
+        spec = cfg.encoder_layers
+        embed_dim = cfg.encoder_embed_dim
+        self.embed_tokens = embedding(vocab_size, embed_dim, PAD)
+        self.embed_positions = embedding(cfg.max_source_positions, embed_dim, PAD)
+        self.fc1 = Linear(embed_dim, spec[0][0], dropout=p, weight_norm=weight_norm)
+        self.projections = nn.ModuleList()
+        self.convolutions = nn.ModuleList()
+        self.residuals = [r for _, _, r in spec]
+        in_channels = spec[0][0]
+        for (out_channels, k, r), res_dim in zip(spec, residual_sources(spec)):
+            needs_proj = res_dim is not None and res_dim != out_channels
+            self.projections.append(Linear(res_dim, out_channels, weight_norm=weight_norm) if needs_proj else None)
+            self.convolutions.append(ConvTBCWeight(in_channels, 2 * out_channels, k, dropout=p, weight_norm=weight_norm))
+            in_channels = out_channels
+        self.fc2 = Linear(in_channels, embed_dim, weight_norm=weight_norm)
+        # Set by the model: the encoder's gradient is scaled by 1 / (2 * number of attention layers).
+        self.num_attention_layers = cfg.num_attention_layers
+
+    @property
+    def max_positions(self) -> int:
+        return self.embed_positions.num_embeddings - PAD - 1
+
+    def forward(self, src_tokens: torch.Tensor, backend: Optional[str] = None) -> EncoderOut:
+        check_tokens("src_tokens", src_tokens, self.vocab_size, self.max_positions)
+        src_tokens = src_tokens.long()
+        pad_mask = src_tokens.eq(PAD)
+        if bool((pad_mask[:, 1:] & ~pad_mask[:, :-1]).any()):
+            raise ValueError("src_tokens must be left-padded (pad = 1 only before the first real token of a row)")
+        if bool(pad_mask.all(dim=1).any()):
+            raise ValueError("src_tokens has a row made only of padding; every source needs at least EOS")
+        x = self.embed_tokens(src_tokens) + self.embed_positions(make_positions(src_tokens, PAD))
+        x = F.dropout(x, self.dropout, self.training)
+        input_embedding = x
+        x = self.fc1(x)
+        mask = pad_mask if bool(pad_mask.any()) else None
+        residuals = [x]
+        for proj, conv, r in zip(self.projections, self.convolutions, self.residuals):
+            residual = None
+            if r > 0:
+                residual = residuals[-r]
+                residual = residual if proj is None else proj(residual)
+            # Dropout before masking equals fairseq's mask-then-dropout: dropped zeros stay zero.
+            x = F.dropout(x, self.dropout, self.training)
+            x = ck.conv_glu(
+                x, conv.effective_weight(), conv.bias, causal=False, residual=residual,
+                scale=SQRT_HALF if residual is not None else None, pad_mask=mask, backend=backend,
+            )
+            residuals.append(x)
+        x = self.fc2(x)
+        if mask is not None:
+            x = x.masked_fill(mask.unsqueeze(-1), 0.0)
+        x = GradMultiply.apply(x, 1.0 / (2.0 * self.num_attention_layers))
+        y = (x + input_embedding) * SQRT_HALF
+        src_lengths = (~pad_mask).sum(dim=1)
+        return EncoderOut(z=x, y=y, src_lengths=src_lengths, pad_mask=pad_mask)

@@ -1,0 +1,161 @@
+"""Building blocks with fairseq's parameter names and the paper's initialisation (section 3.5).
+
+Weight normalisation (Salimans & Kingma 2016) is kept as explicit ``weight_g`` / ``weight_v``
+parameters, exactly as fairseq's state dicts hold them, and can be folded into a plain
+``weight`` for inference (:meth:`WeightNormed.fold_weight_norm`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SQRT_HALF = math.sqrt(0.5)
+
+
+class WeightNormed(nn.Module):
+    """A parameter ``W = g * v / ||v||`` with the norm over every dim except ``dim``.
+
+    ``dim`` is the dim ``weight_g`` keeps: 0 for Linear (g is (out, 1)), 2 for fairseq's
+    convolutions (g is (1, 1, 2C)), 0 for legacy pre-2018 decoder convolutions (g is (k, 1, 1)).
+    """
+
+    def _init_weight_norm(self, v: torch.Tensor, dim: int, enabled: bool = True) -> None:
+        self.wn_dim = dim
+        if enabled:
+            self.weight_v = nn.Parameter(v)
+            self.weight_g = nn.Parameter(self._norm(v, dim))
+        else:
+            self.weight = nn.Parameter(v)
+
+    @staticmethod
+    def _norm(v: torch.Tensor, dim: int) -> torch.Tensor:
+        dims = [d for d in range(v.dim()) if d != dim]
+        return v.norm(dim=dims, keepdim=True)
+
+    @property
+    def weight_normed(self) -> bool:
+        return "weight_v" in self._parameters
+
+    def effective_weight(self) -> torch.Tensor:
+        if not self.weight_normed:
+            return self.weight
+        v, g = self.weight_v, self.weight_g
+        if torch.is_grad_enabled() and (v.requires_grad or g.requires_grad):
+            return v * (g / self._norm(v, self.wn_dim))
+        # Inference: compute W once and reuse it until g or v change (their version counters
+        # move on every in-place update, e.g. an optimiser step or load_state_dict).
+        key = (v._version, g._version, v.data_ptr(), g.data_ptr(), v.dtype, v.device, self.wn_dim)
+        if getattr(self, "_wn_cache_key", None) != key:
+            self._wn_cache = (v * (g / self._norm(v, self.wn_dim))).detach()
+            self._wn_cache_key = key
+        return self._wn_cache
+
+    @torch.no_grad()
+    def fold_weight_norm(self) -> None:
+        """Replace ``weight_g``/``weight_v`` by the plain ``weight`` they define (inference)."""
+        if not self.weight_normed:
+            return
+        w = self.effective_weight().detach().clone()
+        del self.weight_g, self.weight_v
+        self._wn_cache = self._wn_cache_key = None
+        self.weight = nn.Parameter(w)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A checkpoint's weight_g shape tells which dim it keeps (legacy decoder convs keep the
+        # kernel-tap dim 0); adopt it so both layouts load with strict=True.
+        g = state_dict.get(prefix + "weight_g")
+        if g is not None and self.weight_normed and g.shape != self.weight_g.shape:
+            kept = [d for d, s in enumerate(g.shape) if s != 1] or [0]  # (1, 1, 1): legacy k = 1
+            if len(kept) == 1 and g.shape[kept[0]] == self.weight_v.shape[kept[0]] and g.dim() == self.weight_v.dim():
+                self.wn_dim = kept[0]
+                self.weight_g = nn.Parameter(self.weight_g.new_empty(g.shape))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class Linear(WeightNormed):
+    """Weight-normed linear layer: ``weight_v (out, in)``, ``weight_g (out, 1)``, ``bias (out,)``.
+
+    Init: ``N(0, sqrt((1 - p) / in))``, bias 0, where ``p`` is the dropout applied to its input.
+    """
+
+    def __init__(self, in_features: int, out_features: int, dropout: float = 0.0, weight_norm: bool = True):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        v = torch.empty(out_features, in_features).normal_(0, math.sqrt((1 - dropout) / in_features))
+        self._init_weight_norm(v, dim=0, enabled=weight_norm)
+        self.bias = nn.Parameter(torch.zeros(out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.effective_weight(), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, weight_norm={self.weight_normed}"
+
+
+class ConvTBCWeight(WeightNormed):
+    """Weight-normed convolution parameters in fairseq's ConvTBC layout.
+
+    ``weight_v (k, C_in, 2C)``, ``weight_g (1, 1, 2C)``, ``bias (2C,)``. The computation itself
+    is a fused op (:func:`convs2s_kernels.conv_glu` / :func:`convs2s_kernels.conv_step`).
+    Init: ``N(0, sqrt(4 (1 - p) / (k C_in)))`` (the 4 compensates GLU's halving), bias 0.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_width: int, dropout: float = 0.0,
+                 weight_norm: bool = True):
+        super().__init__()
+        self.in_channels, self.out_channels, self.kernel_width = in_channels, out_channels, kernel_width
+        std = math.sqrt(4 * (1 - dropout) / (kernel_width * in_channels))
+        v = torch.empty(kernel_width, in_channels, out_channels).normal_(0, std)
+        self._init_weight_norm(v, dim=2, enabled=weight_norm)
+        self.bias = nn.Parameter(torch.zeros(out_channels))
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_channels}, out={self.out_channels}, k={self.kernel_width}, "
+                f"weight_norm={self.weight_normed}")
+
+
+def embedding(num_embeddings: int, dim: int, padding_idx: int) -> nn.Embedding:
+    """Token or position table: ``N(0, 0.1)``, padding row zero."""
+    m = nn.Embedding(num_embeddings, dim, padding_idx=padding_idx)
+    nn.init.normal_(m.weight, 0, 0.1)
+    with torch.no_grad():
+        m.weight[padding_idx].zero_()
+    return m
+
+
+def make_positions(tokens: torch.Tensor, pad: int) -> torch.Tensor:
+    """fairseq's positions: non-pad tokens count ``pad+1, pad+2, ...``; pad tokens get ``pad``."""
+    mask = tokens.ne(pad).long()
+    return torch.cumsum(mask, dim=1) * mask + pad
+
+
+class GradMultiply(torch.autograd.Function):
+    """Identity forward; gradient multiplied by ``scale`` (the encoder's 1 / (2 * #attention))."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+def residual_sources(spec: Sequence[tuple]) -> list:
+    """For each layer, the width of its residual source (None when it has none).
+
+    ``spec`` entries are ``(out_channels, kernel_width, residual)``; residual ``r > 0`` takes
+    the output ``r`` layers back (1 = this layer's input, the width list starts with C_0).
+    """
+    widths = [spec[0][0]]
+    sources = []
+    for out_channels, _, r in spec:
+        sources.append(widths[-r] if r > 0 else None)
+        widths.append(out_channels)
+    return sources

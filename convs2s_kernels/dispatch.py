@@ -1,0 +1,142 @@
+"""Choose a backend for each call by device, dtype, autograd needs and availability.
+
+Backends, in priority order per device:
+
+* CPU tensors: ``cpp`` (the C++ extension) then ``reference``;
+  ``triton`` is eligible on the CPU only under the interpreter (``TRITON_INTERPRET=1``).
+* CUDA tensors: ``triton`` then ``reference``.
+
+A backend registers one implementation per op with a ``check`` that returns the reasons
+it cannot take these inputs (empty when it can). ``backend="auto"`` (the default, or the
+``CONVS2S_KERNELS_BACKEND`` environment variable) takes the first backend with no
+reasons; naming a backend that cannot run raises with its reasons listed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+BACKENDS = ("triton", "cpp", "reference")
+ENV_VAR = "CONVS2S_KERNELS_BACKEND"
+
+_log = logging.getLogger("convs2s_kernels")
+
+
+class BackendUnavailableError(RuntimeError):
+    """An explicitly requested backend cannot run the given inputs."""
+
+
+@dataclass(frozen=True)
+class Impl:
+    fn: Callable
+    check: Callable[..., List[str]]
+
+
+_REGISTRY: Dict[str, Dict[str, Impl]] = {name: {} for name in BACKENDS}
+_AVAILABILITY: Dict[str, Callable[[], Optional[str]]] = {}
+_fallback_logged: set = set()
+
+
+def register(backend: str, op: str, check: Optional[Callable[..., List[str]]] = None):
+    """Decorator: ``fn`` implements ``op`` on ``backend``; ``check(*args, **kw)`` lists refusals."""
+
+    def deco(fn):
+        _REGISTRY[backend][op] = Impl(fn, check or (lambda *a, **k: []))
+        return fn
+
+    return deco
+
+
+def set_availability(backend: str, probe: Callable[[], Optional[str]]) -> None:
+    """``probe()`` returns None when the backend can run on this machine, else why not."""
+    _AVAILABILITY[backend] = probe
+
+
+def backend_unavailable_reason(backend: str) -> Optional[str]:
+    probe = _AVAILABILITY.get(backend)
+    return probe() if probe is not None else None
+
+
+def available_backends() -> Dict[str, Optional[str]]:
+    """Every backend mapped to None when it runs here, or the reason it does not."""
+    return {name: backend_unavailable_reason(name) for name in BACKENDS}
+
+
+def _priority(device: torch.device) -> List[str]:
+    if device.type == "cuda":
+        return ["triton", "reference"]
+    return ["cpp", "triton", "reference"]
+
+
+def requested_backends(backend: Optional[str]) -> List[str]:
+    """Parse a backend request: ``auto``, one name (strict), or a comma-separated preference list."""
+    text = (backend or os.environ.get(ENV_VAR) or "auto").strip().lower()
+    choices = [c.strip() for c in text.split(",") if c.strip()] or ["auto"]
+    for c in choices:
+        if c != "auto" and c not in BACKENDS:
+            raise ValueError(
+                f"unknown backend {c!r} (from {'backend=' if backend else ENV_VAR}); "
+                f"choose auto, one of {', '.join(BACKENDS)}, or a comma-separated preference list"
+            )
+    return choices
+
+
+def reasons(backend: str, op: str, device: torch.device, *args, **kwargs) -> List[str]:
+    """Why ``backend`` cannot run ``op`` on these inputs (empty list: it can)."""
+    why = backend_unavailable_reason(backend)
+    if why:
+        return [why]
+    impl = _REGISTRY[backend].get(op)
+    if impl is None:
+        return [f"{backend} has no implementation of {op}"]
+    if backend == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return ["triton runs CPU tensors only under the interpreter (TRITON_INTERPRET=1)"]
+    if backend == "cpp" and device.type != "cpu":
+        return [f"cpp runs CPU tensors only, got {device.type}"]
+    return impl.check(*args, **kwargs)
+
+
+def resolve(op: str, device: torch.device, backend: Optional[str], *args, **kwargs) -> Callable:
+    """The implementation of ``op`` to call for these inputs.
+
+    One named backend is strict (it runs or raises with its reasons); ``auto`` walks the
+    device's priority order; a list such as ``"cpp,reference"`` takes the first that can run.
+    """
+    choices = requested_backends(backend)
+    if len(choices) == 1 and choices[0] != "auto":
+        why = reasons(choices[0], op, device, *args, **kwargs)
+        if why:
+            raise BackendUnavailableError(f"backend {choices[0]!r} cannot run {op}: " + "; ".join(why))
+        return _REGISTRY[choices[0]][op].fn
+    order: List[str] = []
+    for c in choices:
+        for name in (_priority(device) if c == "auto" else [c]):
+            if name not in order:
+                order.append(name)
+    skipped = []
+    for name in order:
+        why = reasons(name, op, device, *args, **kwargs)
+        if not why:
+            if skipped:
+                key = (op, device.type, tuple(skipped))
+                if key not in _fallback_logged:
+                    _fallback_logged.add(key)
+                    _log.debug("%s on %s: using %s (skipped %s)", op, device.type, name, "; ".join(skipped))
+            return _REGISTRY[name][op].fn
+        skipped.append(f"{name}: {'; '.join(why)}")
+    raise BackendUnavailableError(f"no backend can run {op}: " + " | ".join(skipped))
+
+
+def selected_backend_name(op: str, device: torch.device, backend: Optional[str], *args, **kwargs) -> str:
+    """Name of the backend ``resolve`` would pick (for reports and benchmarks)."""
+    fn = resolve(op, device, backend, *args, **kwargs)
+    for name in BACKENDS:
+        impl = _REGISTRY[name].get(op)
+        if impl is not None and impl.fn is fn:
+            return name
+    raise AssertionError("resolved function is not registered")

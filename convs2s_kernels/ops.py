@@ -1,0 +1,137 @@
+"""The public fused ops: validate inputs, then call the backend the dispatcher picks.
+
+Each op's semantics are those of its reference in :mod:`convs2s_kernels.reference`
+(same name without ``_ref``); read the reference's docstring for the exact contract.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import reference
+from ._checks import check_index, check_same, check_shape, check_tensor
+from .dispatch import register, resolve
+
+__all__ = ["conv_glu", "attention_embsum", "conv_step"]
+
+# The reference backend implements everything, for every device and dtype, with autograd.
+register("reference", "conv_glu")(reference.conv_glu_ref)
+register("reference", "attention_embsum")(reference.attention_embsum_ref)
+register("reference", "conv_step")(reference.conv_step_ref)
+
+
+def _check_conv_weight(x_name: str, c_in: int, weight, bias) -> int:
+    check_tensor("weight", weight, 3)
+    k, w_in, c2 = weight.shape
+    if k < 1 or c2 % 2:
+        raise ValueError(f"weight must have shape (k >= 1, C_in, 2C) with an even last dimension, got {tuple(weight.shape)}")
+    if w_in != c_in:
+        raise ValueError(f"weight expects C_in = {w_in} input channels but {x_name} has {c_in}")
+    if bias is not None:
+        check_tensor("bias", bias, 1)
+        check_shape("bias", bias, (c2,), "(2C,)")
+    return c2 // 2
+
+
+def conv_glu(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    causal: bool,
+    residual: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    pad_mask: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """Convolution (causal or centred) + GLU, with bias, residual and scale fused.
+
+    ``x (B, T, C_in)``, ``weight (k, C_in, 2C)``, ``bias (2C,)``, ``residual (B, T, C)``,
+    ``pad_mask (B, T)`` bool (True = padding, zeroed before the convolution) -> ``(B, T, C)``.
+    Equivalent: ``(F.glu(conv1d(pad(x)), dim=-1) + residual) * scale``; see
+    :func:`convs2s_kernels.reference.conv_glu_ref`.
+    """
+    check_tensor("x", x, 3)
+    c_out = _check_conv_weight("x", x.shape[2], weight, bias)
+    B, T, _ = x.shape
+    if residual is not None:
+        check_tensor("residual", residual, 3)
+        check_shape("residual", residual, (B, T, c_out), "(B, T, C)")
+    if pad_mask is not None:
+        check_tensor("pad_mask", pad_mask, 2, floating=False)
+        check_shape("pad_mask", pad_mask, (B, T), "(B, T)")
+        if pad_mask.dtype != torch.bool:
+            raise TypeError(f"pad_mask must be a bool tensor (True = padding), got {pad_mask.dtype}")
+        if pad_mask.device != x.device:
+            raise ValueError(f"pad_mask is on {pad_mask.device} but x is on {x.device}")
+    check_same("x", x, weight=weight, bias=bias, residual=residual)
+    kwargs = dict(causal=causal, residual=residual, scale=scale, pad_mask=pad_mask)
+    fn = resolve("conv_glu", x.device, backend, x, weight, bias, **kwargs)
+    return fn(x, weight, bias, **kwargs)
+
+
+def attention_embsum(
+    q: torch.Tensor,
+    z: torch.Tensor,
+    y: torch.Tensor,
+    src_lengths: Optional[torch.Tensor] = None,
+    *,
+    left_pad: bool = True,
+    return_attn: bool = False,
+    backend: Optional[str] = None,
+):
+    """Attention over source positions with values ``z + e`` and the ``sqrt(s)`` scale.
+
+    ``q (B, T, E)``, ``z (B, S, E)``, ``y (B, S, E)``, ``src_lengths (B,)`` true lengths in
+    ``[1, S]`` (None: no padding) -> ``context (B, T, E)`` [and ``attn (B, T, S)``].
+    See :func:`convs2s_kernels.reference.attention_embsum_ref`.
+    """
+    check_tensor("q", q, 3)
+    check_tensor("z", z, 3)
+    check_tensor("y", y, 3)
+    B, _, E = q.shape
+    S = z.shape[1]
+    check_shape("z", z, (B, None, E), "(B, S, E)")
+    check_shape("y", y, (B, S, E), "(B, S, E)")
+    if S == 0:
+        raise ValueError("z has no source positions (S = 0)")
+    check_same("q", q, z=z, y=y)
+    if src_lengths is not None:
+        check_index("src_lengths", src_lengths, B, q.device, low=1, high=S)
+    kwargs = dict(left_pad=left_pad, return_attn=return_attn)
+    fn = resolve("attention_embsum", q.device, backend, q, z, y, src_lengths, **kwargs)
+    return fn(q, z, y, src_lengths, **kwargs)
+
+
+def conv_step(
+    x_t: torch.Tensor,
+    state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    beam_index: Optional[torch.Tensor] = None,
+    *,
+    backend: Optional[str] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One incremental step: reorder ``state`` by ``beam_index``, shift, append ``x_t``, conv + GLU.
+
+    ``x_t (N, C_in)``, ``state (N_prev, k-1, C_in)``, ``weight (k, C_in, 2C)``, ``bias (2C,)``,
+    ``beam_index (N,)`` parent rows in ``[0, N_prev)`` -> ``(out (N, C), new_state (N, k-1, C_in))``.
+    The input state is never modified (parents may repeat). See
+    :func:`convs2s_kernels.reference.conv_step_ref`.
+    """
+    check_tensor("x_t", x_t, 2)
+    check_tensor("state", state, 3)
+    N, c_in = x_t.shape
+    _check_conv_weight("x_t", c_in, weight, bias)
+    k = weight.shape[0]
+    check_shape("state", state, (None, k - 1, c_in), "(N_prev, k-1, C_in)")
+    check_same("x_t", x_t, state=state, weight=weight, bias=bias)
+    if beam_index is None:
+        if state.shape[0] != N:
+            raise ValueError(f"state has {state.shape[0]} rows but x_t has {N}; pass beam_index to map them")
+    else:
+        check_index("beam_index", beam_index, N, x_t.device, low=0, high=state.shape[0] - 1)
+    fn = resolve("conv_step", x_t.device, backend, x_t, state, weight, bias, beam_index)
+    return fn(x_t, state, weight, bias, beam_index)

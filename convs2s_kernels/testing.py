@@ -1,0 +1,30 @@
+"""Tolerances and comparison helpers shared by the tests and the benchmarks.
+
+Inputs in the tests are scaled like the model's real activations (about unit variance,
+weights ~ 1/sqrt(fan-in)), so these absolute tolerances are meaningful.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import torch
+
+# TOLERANCES[op][dtype] = (atol, rtol) for forward outputs against the reference in that dtype.
+TOLERANCES: Dict[str, Dict[torch.dtype, Tuple[float, float]]] = {
+    "conv_glu": {torch.float64: (1e-10, 1e-9), torch.float32: (2e-5, 1e-4), torch.float16: (4e-3, 4e-3),
+                 torch.bfloat16: (3e-2, 2e-2)},
+    "attention_embsum": {torch.float64: (1e-10, 1e-9), torch.float32: (2e-5, 1e-4), torch.float16: (4e-3, 4e-3),
+                         torch.bfloat16: (3e-2, 2e-2)},
+    "conv_step": {torch.float64: (1e-10, 1e-9), torch.float32: (2e-5, 1e-4), torch.float16: (4e-3, 4e-3),
+                  torch.bfloat16: (3e-2, 2e-2)},
+}
+
+
+def assert_close(op: str, actual: torch.Tensor, expected: torch.Tensor, what: str = "output") -> None:
+    """``torch.testing.assert_close`` with the op's tolerance for ``actual``'s dtype."""
+    atol, rtol = TOLERANCES[op][actual.dtype]
+    torch.testing.assert_close(
+        actual, expected.to(actual.dtype), atol=atol, rtol=rtol,
+        msg=lambda m: f"{op} {what} ({actual.dtype}) differs from the reference:\n{m}",
+    )

@@ -1,0 +1,104 @@
+// Incremental decoding step of a causal convolution + GLU on the CPU.
+//
+// One call per layer per step: gather each row's parent state (beam reorder), shift it,
+// append the new input into a fresh window buffer, multiply the (N, k*C_in) window by the
+// linearised (k*C_in, 2C) weight through ATen's GEMM (MKL / oneDNN), and apply GLU in one
+// pass. The new state is a view of the window buffer, so the input state is never written
+// (parents repeat across beams, which makes an in-place update a race).
+
+#include <ATen/Parallel.h>
+#include <ATen/OpMathType.h>
+#include <cmath>
+#include <cstring>
+
+#include "common.h"
+
+namespace convs2s {
+
+namespace {
+
+template <typename scalar_t>
+void gather_shift_append(const at::Tensor& x_t, const at::Tensor& state, const int64_t* parent,
+                         at::Tensor& window) {
+  const int64_t rows = window.size(0), k = window.size(1), c_in = window.size(2);
+  const scalar_t* x = x_t.data_ptr<scalar_t>();
+  const scalar_t* s = state.data_ptr<scalar_t>();
+  scalar_t* w = window.data_ptr<scalar_t>();
+  const int64_t xs0 = x_t.stride(0), ss0 = state.stride(0), ss1 = state.stride(1);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t src = parent ? parent[n] : n;
+      scalar_t* dst = w + n * k * c_in;
+      for (int64_t j = 0; j < k - 1; ++j) {
+        std::memcpy(dst + j * c_in, s + src * ss0 + j * ss1, sizeof(scalar_t) * c_in);
+      }
+      std::memcpy(dst + (k - 1) * c_in, x + n * xs0, sizeof(scalar_t) * c_in);
+    }
+  });
+}
+
+template <typename scalar_t>
+void glu_rows(const at::Tensor& pre, at::Tensor& out) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t rows = out.size(0), c = out.size(1);
+  const scalar_t* p = pre.data_ptr<scalar_t>();
+  scalar_t* o = out.data_ptr<scalar_t>();
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const scalar_t* value = p + n * 2 * c;
+      const scalar_t* gate = value + c;
+      scalar_t* dst = o + n * c;
+      for (int64_t i = 0; i < c; ++i) {
+        const acc_t g = static_cast<acc_t>(gate[i]);
+        dst[i] = static_cast<scalar_t>(static_cast<acc_t>(value[i]) / (acc_t(1) + std::exp(-g)));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
+                                          const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                                          const c10::optional<at::Tensor>& beam_index) {
+  CONVS2S_CHECK_CPU(x_t);
+  CONVS2S_CHECK_CPU(state);
+  CONVS2S_CHECK_CPU(weight);
+  CONVS2S_CHECK_DIM(x_t, 2);
+  CONVS2S_CHECK_DIM(state, 3);
+  CONVS2S_CHECK_DIM(weight, 3);
+  CONVS2S_CHECK_LAST_CONTIGUOUS(x_t);
+  CONVS2S_CHECK_LAST_CONTIGUOUS(state);
+  TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous (k, C_in, 2C)");
+  const int64_t rows = x_t.size(0), c_in = x_t.size(1);
+  const int64_t k = weight.size(0), c2 = weight.size(2);
+  TORCH_CHECK(weight.size(1) == c_in && c2 % 2 == 0, "weight must be (k, C_in, 2C)");
+  TORCH_CHECK(state.size(1) == k - 1 && state.size(2) == c_in, "state must be (N_prev, k-1, C_in)");
+
+  at::Tensor parent;
+  const int64_t* parent_ptr = nullptr;
+  if (beam_index.has_value()) {
+    parent = beam_index->to(at::kLong).contiguous();
+    TORCH_CHECK(parent.dim() == 1 && parent.size(0) == rows, "beam_index must be (N,)");
+    parent_ptr = parent.data_ptr<int64_t>();
+  } else {
+    TORCH_CHECK(state.size(0) == rows, "state rows must equal x_t rows without beam_index");
+  }
+
+  at::Tensor window = at::empty({rows, k, c_in}, x_t.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x_t.scalar_type(), "conv_step_gather", [&] {
+    gather_shift_append<scalar_t>(x_t, state, parent_ptr, window);
+  });
+
+  const at::Tensor flat = window.view({rows, k * c_in});
+  const at::Tensor w2 = weight.view({k * c_in, c2});
+  at::Tensor pre = bias.has_value() ? at::addmm(*bias, flat, w2) : at::mm(flat, w2);
+
+  at::Tensor out = at::empty({rows, c2 / 2}, x_t.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x_t.scalar_type(), "conv_step_glu", [&] {
+    glu_rows<scalar_t>(pre, out);
+  });
+  return {out, window.narrow(1, 1, k - 1)};
+}
+
+}  // namespace convs2s

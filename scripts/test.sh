@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Install everything, then run the test suite (CPU; GPU-only tests skip with their reason).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+PY=${PYTHON:-python3}
+"$PY" -m pytest tests -m "not gpu" "$@"

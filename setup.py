@@ -1,0 +1,32 @@
+"""Build of the C++ CPU extension ``convs2s_kernels._C`` (metadata lives in pyproject.toml).
+
+Environment switches:
+  CONVS2S_KERNELS_SKIP_CPP_BUILD=1  pure-Python install (reference and Triton backends only)
+"""
+
+import glob
+import os
+
+from setuptools import setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def extensions():
+    if os.environ.get("CONVS2S_KERNELS_SKIP_CPP_BUILD") == "1":
+        return [], {}
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+    ext = CppExtension(
+        name="convs2s_kernels._C",
+        sources=sources,
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_compile_args={"cxx": ["-O3", "-fopenmp", "-std=c++17"]},
+        extra_link_args=["-fopenmp"],
+    )
+    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
+
+
+ext_modules, cmdclass = extensions()
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

@@ -1,0 +1,36 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("CONVS2S_SHARED", REPO.parent / "shared"))
+FIXTURE = SHARED / "fixtures" / "fairseq"
+
+
+def require_shared(path: Path) -> Path:
+    """Skip (with the reason) when ../shared is absent, as on a user's fresh clone."""
+    if not path.exists():
+        pytest.skip(f"{path} not found: this test reads the project's shared data (../shared, or set CONVS2S_SHARED)")
+    return path
+
+
+@pytest.fixture
+def fixture_dir() -> Path:
+    return require_shared(FIXTURE)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(1234)
+    yield
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)

@@ -1,0 +1,74 @@
+"""Ground truth written by fairseq 0.12.2 itself (../shared/fixtures/fairseq): the model and the
+generator must reproduce it on every backend that runs here."""
+
+import argparse
+import json
+
+import pytest
+import torch
+
+import convs2s
+import convs2s_kernels as ck
+
+
+def load_fixture_model(fixture_dir):
+    # The checkpoint holds an argparse.Namespace; allow exactly that class, nothing else.
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        ckpt = torch.load(fixture_dir / "checkpoint.pt", weights_only=True)
+    model = convs2s.build_model("fconv_iwslt_de_en", 120, 140, dropout=0.2)
+    model.load_state_dict(ckpt["model"], strict=True)
+    return model.eval()
+
+
+def read_ids(path):
+    return [[int(t) for t in line.split()] for line in path.read_text().splitlines()]
+
+
+BACKENDS = [b for b, why in ck.available_backends().items() if why is None]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forward_reproduces_fairseq_logits_and_attention(fixture_dir, backend):
+    model = load_fixture_model(fixture_dir).use_backend(backend)
+    fw = torch.load(fixture_dir / "forward.pt", weights_only=True)
+    with torch.no_grad():
+        enc = model.encode(fw["src_tokens"])
+        logits, attn = model(fw["src_tokens"], fw["src_lengths"], fw["prev_output_tokens"])
+    real = fw["prev_output_tokens"] != 1
+    assert (enc.z - fw["encoder_out"]).abs().max() <= 1e-5
+    assert (enc.y - fw["encoder_out_plus_embed"]).abs().max() <= 1e-5
+    assert (logits - fw["decoder_logits"])[real].abs().max() <= 1e-5
+    assert (attn - fw["attn"])[real].abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_incremental_reproduces_fairseq_logits(fixture_dir, backend):
+    model = load_fixture_model(fixture_dir).use_backend(backend)
+    fw = torch.load(fixture_dir / "forward.pt", weights_only=True)
+    prev = fw["prev_output_tokens"]
+    with torch.no_grad():
+        state = model.init_decoder_state(model.encode(fw["src_tokens"]))
+        steps = [model.decode_step(prev[:, t], state)[0] for t in range(prev.shape[1])]
+    inc = torch.stack(steps, 1)
+    real = prev != 1
+    assert (inc - fw["decoder_logits_incremental"])[real].abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("beam", [1, 5])
+def test_generate_reproduces_fairseq_nbest(fixture_dir, beam, backend):
+    model = load_fixture_model(fixture_dir).use_backend(backend)
+    ref = json.loads((fixture_dir / f"generate_beam{beam}.json").read_text())
+    sources = read_ids(fixture_dir / "source.ids")
+    out = convs2s.generate(model, sources, beam=ref["beam"], nbest=ref["beam"], max_len_a=ref["max_len_a"],
+                           max_len_b=ref["max_len_b"], min_len=ref["min_len"], lenpen=ref["lenpen"])
+    assert len(ref["sentences"]) == len(sources)
+    for sent in ref["sentences"]:
+        ours = out[sent["id"]]
+        assert len(ours) == len(sent["hypos"]), f"sentence {sent['id']}: n-best size"
+        for rank, (h, r) in enumerate(zip(ours, sent["hypos"])):
+            where = f"sentence {sent['id']} hypothesis {rank}"
+            assert h["tokens"].tolist() == r["tokens"], where
+            assert abs(h["score"] - r["score"]) <= 1e-4, where
+            torch.testing.assert_close(h["positional_scores"], torch.tensor(r["positional_scores"]),
+                                       atol=1e-4, rtol=0, msg=where)

@@ -1,0 +1,141 @@
+"""Greedy and beam search: beam 1 = greedy, rescoring, ordering, batching invariance, errors."""
+
+import math
+
+import pytest
+import torch
+
+import convs2s
+from convs2s.encoder import EOS, PAD
+from convs2s.generate import length_batches
+
+V_SRC, V_TGT = 30, 33
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(7)
+    m = convs2s.build_model("fconv_iwslt_de_en", V_SRC, V_TGT, encoder_layers="[(64, 3)] * 2",
+                            decoder_layers="[(64, 3)] * 2", encoder_embed_dim=32, decoder_embed_dim=32,
+                            decoder_out_embed_dim=32).eval()
+    with torch.no_grad():  # peaked output distributions keep choices away from ties
+        m.decoder.fc3.weight_g.mul_(6)
+    return m
+
+
+def sources(n=9, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [3, 7, 3, 5, 7, 1, 5, 3, 9][:n]
+    return [torch.randint(4, V_SRC, (L,), generator=g).tolist() for L in lengths]
+
+
+def test_beam1_equals_greedy(model):
+    src = sources()
+    beam = convs2s.generate(model, src, beam=1, max_len_a=1.5, max_len_b=4)
+    greedy = convs2s.greedy(model, src, max_len_a=1.5, max_len_b=4)
+    for b, g in zip(beam, greedy):
+        assert b[0]["tokens"].tolist() == g["tokens"].tolist()
+        assert abs(b[0]["score"] - g["score"]) < 1e-5
+
+
+@pytest.mark.parametrize("lenpen", [1.0, 0.5])
+def test_scores_equal_rescoring_with_full_forward(model, lenpen):
+    """Every n-best hypothesis rescored by the full-sequence forward gives its positional scores,
+    and its score is their sum divided by length ** lenpen."""
+    src = sources(5)
+    out = convs2s.generate(model, src, beam=4, nbest=4, max_len_a=1.0, max_len_b=5, lenpen=lenpen)
+    for s, hyps in zip(src, out):
+        assert len(hyps) == 4
+        assert all(hyps[i]["score"] >= hyps[i + 1]["score"] for i in range(3))
+        for h in hyps:
+            toks = h["tokens"]
+            assert toks[-1] == EOS and (toks[:-1] != EOS).all() and (toks != PAD).all()
+            src_t = torch.tensor([s + [EOS]])
+            prev = torch.cat([torch.tensor([EOS]), toks[:-1]]).unsqueeze(0)
+            with torch.no_grad():
+                lprobs = torch.log_softmax(model(src_t, None, prev)[0].float(), -1)[0]
+            pos = lprobs.gather(1, toks.unsqueeze(1)).squeeze(1)
+            torch.testing.assert_close(h["positional_scores"], pos, atol=1e-4, rtol=0)
+            assert abs(h["score"] - pos.sum().item() / len(toks) ** lenpen) < 1e-4
+
+
+def test_beam_search_finds_known_best_sequence():
+    """Hand-set weights: the logits depend only on the target position, through a residual path
+    (convolutions and attention zeroed), so the best sequence is the per-position argmax chain."""
+    E = 16
+    m = convs2s.build_model("fconv_iwslt_de_en", V_SRC, V_TGT, encoder_layers="[(E, 3)]".replace("E", str(E)),
+                            decoder_layers=f"[({E}, 3)]", encoder_embed_dim=E, decoder_embed_dim=E,
+                            decoder_out_embed_dim=E, dropout=0.0, weight_norm=False).eval()
+    best = [7, 9, 11, EOS]
+    table = torch.full((len(best), V_TGT), -5.0)
+    for t, tok in enumerate(best):
+        table[t, tok] = 5.0
+        table[t, (tok + 1) % V_TGT] = 4.0  # a strong runner-up, so the beam has real choices
+    dec = m.decoder
+    with torch.no_grad():
+        for p in dec.parameters():
+            p.zero_()
+        dec.embed_positions.weight[PAD + 1 : PAD + 1 + len(best), : len(best)] = torch.eye(len(best))
+        dec.fc1.weight.copy_(torch.eye(E))
+        dec.fc2.weight.copy_(torch.eye(E))
+        dec.fc3.weight[:, : len(best)] = table.t()
+    out = convs2s.generate(m, [[5, 6]], beam=3, nbest=3, max_len_b=len(best) + 3)
+    top = out[0][0]
+    assert top["tokens"].tolist() == best
+    # After the residual block the position signal is scaled by sqrt(1/2): logits = table[t] * sqrt(1/2).
+    lp = torch.log_softmax(table * math.sqrt(0.5), -1)
+    want = torch.stack([lp[t, tok] for t, tok in enumerate(best)])
+    torch.testing.assert_close(top["positional_scores"], want, atol=1e-5, rtol=0)
+    assert abs(top["score"] - want.sum().item() / len(best)) < 1e-5
+    assert all(h["score"] < top["score"] for h in out[0][1:])
+
+
+def test_results_in_input_order_and_batch_invariant(model):
+    src = sources()
+    kw = dict(beam=3, nbest=2, max_len_a=1.0, max_len_b=4)
+    together = convs2s.generate(model, src, **kw)
+    for i in (0, 5, 8):
+        alone = convs2s.generate(model, [src[i]], **kw)[0]
+        for a, b in zip(alone, together[i]):
+            assert a["tokens"].tolist() == b["tokens"].tolist()
+            assert abs(a["score"] - b["score"]) < 1e-5
+    small_batches = convs2s.generate(model, src, batch_size=1, **kw)
+    for a, b in zip(small_batches, together):
+        assert a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
+
+
+def test_min_and_max_len_and_unk_penalty(model):
+    src = sources(4)
+    out = convs2s.generate(model, src, beam=2, max_len_a=0, max_len_b=3, min_len=2)
+    for hyps in out:
+        n = len(hyps[0]["tokens"])
+        assert 3 <= n <= 4  # at least min_len tokens before EOS, at most max_len + EOS
+    no_unk = convs2s.generate(model, src, beam=2, max_len_b=6, unkpen=1e4)
+    assert all(3 not in h[0]["tokens"].tolist() for h in no_unk)
+
+
+def test_attention_and_alignment(model):
+    out = convs2s.generate(model, [[4, 5, 6, 7]], beam=2, max_len_b=5, return_attention=True)
+    h = out[0][0]
+    assert h["attention"].shape == (5, len(h["tokens"]))  # source incl. EOS x target incl. EOS
+    torch.testing.assert_close(h["attention"].sum(0), torch.ones(len(h["tokens"])), atol=1e-5, rtol=0)
+    assert h["alignment"].tolist() == h["attention"].argmax(0).tolist()
+
+
+def test_length_batches():
+    assert length_batches([3, 5, 3, 3, 5], batch_size=2) == [[0, 2], [3], [1, 4]]
+    assert length_batches([4, 4, 4], batch_size=128, max_tokens=8) == [[0, 1], [2]]
+
+
+@pytest.mark.parametrize(
+    "kwargs,srcs,match",
+    [
+        (dict(beam=2, nbest=3), [[5]], "nbest <= beam"),
+        (dict(), [[5, V_SRC + 3]], "outside the vocabulary"),
+        (dict(), [list(range(4, 10)) * 200], "at most 1021"),
+        (dict(batch_size=0), [[5]], "batch_size"),
+    ],
+)
+def test_generate_bad_input(model, kwargs, srcs, match):
+    with pytest.raises(ValueError, match=match):
+        convs2s.generate(model, srcs, **kwargs)
