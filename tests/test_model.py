@@ -70,7 +70,7 @@ def test_incremental_equals_full_custom_spec(share):
     torch.testing.assert_close(attn.sum(-1), torch.full_like(attn[..., 0], 3 / 5))
 
 
-@pytest.mark.parametrize("arch", ["fconv_iwslt_de_en", "fconv_wmt_en_de"])
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_incremental_beam_reorder_with_repeated_parents(arch):
     """Reordering mid-sequence gives each row the logits of its reconstructed history."""
     model = small(arch)
@@ -246,3 +246,23 @@ def test_bad_configs():
         convs2s.build_model("fconv_iwslt_de_en", 10, 10, encoder_embed_dim=128)
     with pytest.raises(ValueError, match="more than the 4 special symbols"):
         convs2s.build_model("fconv_iwslt_de_en", 4, 10)
+
+
+def test_package_works_without_the_extension(tmp_path):
+    """With ``_C`` unimportable the reference backend runs everything and the reason is reported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['convs2s_kernels._C'] = None\n"
+        "import torch, convs2s, convs2s_kernels as ck\n"
+        "why = ck.available_backends()['cpp']\n"
+        "assert why and 'could not be imported' in why and 'pip install' in why, why\n"
+        "m = convs2s.build_model('fconv_iwslt_de_en', 20, 20).eval()\n"
+        "out = convs2s.generate(m, [[5, 6, 7]], beam=2, max_len_b=3)\n"
+        "assert out[0][0]['tokens'][-1] == 2\n"
+        "print('OK', why)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("OK")
