@@ -10,3 +10,8 @@ __all__ = ["ARCHITECTURES", "ConvS2SConfig", "ConvS2SModel", "build_model", "get
 from .generate import generate, greedy  # noqa: E402
 
 __all__ += ["generate", "greedy"]
+
+from .dictionary import Dictionary  # noqa: E402
+from .fairseq_io import CheckpointError, load_fairseq, save_fairseq  # noqa: E402
+
+__all__ += ["Dictionary", "CheckpointError", "load_fairseq", "save_fairseq"]
