@@ -1,8 +1,10 @@
 """Command line: ``python -m convs2s <command>`` (or the ``convs2s`` script).
 
 Commands:
-  demo      short beam-1 / beam-5 generation run of the paper's WMT'14 En-Fr architecture
-            (random weights, fixed seed, synthetic newstest-like source lengths), per backend.
+  demo       short beam-1 / beam-5 generation run of the paper's WMT'14 En-Fr architecture
+             (random weights, fixed seed, synthetic newstest-like source lengths), per backend.
+  translate  translate text (stdin or a file) with a fairseq fconv checkpoint.
+  generate   translate a test set, print fairseq-style S-/H-/P-/A- lines and score it with sacrebleu.
 """
 
 from __future__ import annotations
@@ -74,6 +76,104 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _load_for_translation(args):
+    import convs2s
+
+    if args.fairseq_checkpoint is None:
+        raise SystemExit("error: give a model with --fairseq-checkpoint PATH (and --fairseq-dicts DIR if the "
+                         "dictionaries are not beside it)")
+    model, src_dict, tgt_dict = convs2s.load_fairseq(args.fairseq_checkpoint, args.fairseq_dicts,
+                                                      trust_pickle=args.trust_pickle)
+    model.use_backend(args.backend)
+    return model, src_dict, tgt_dict
+
+
+def _gen_kwargs(args):
+    return dict(beam=args.beam, nbest=args.nbest, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
+                min_len=args.min_len, lenpen=args.lenpen, unkpen=args.unkpen, batch_size=args.batch_size)
+
+
+def _run_translation(args, consume) -> int:
+    """Shared driver: load, translate chunk by chunk, hand each translation to ``consume``."""
+    from tqdm.auto import tqdm
+
+    from .translate import Tokenizer, load_align_dict, read_lines, translate_lines
+
+    model, src_dict, tgt_dict = _load_for_translation(args)
+    tokenizer = Tokenizer(args.spm, args.remove_bpe)
+    align_dict = load_align_dict(args.replace_unk) if args.replace_unk else None
+    bar = tqdm(unit="sent", desc=args.command, disable=not sys.stderr.isatty() and not args.progress)
+    for tr in translate_lines(model, src_dict, tgt_dict, read_lines(args.input), tokenizer,
+                              chunk_size=args.chunk_size, align_dict=align_dict,
+                              need_alignment=getattr(args, "print_alignment", False), **_gen_kwargs(args)):
+        if tr.note:
+            print(f"warning: {tr.note}", file=sys.stderr)
+        consume(tr)
+        bar.update(1)
+    bar.close()
+    return 0
+
+
+def cmd_translate(args) -> int:
+    from .translate import write_lines
+
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        return _run_translation(
+            args, lambda tr: write_lines(out, [h["text"] for h in tr.hypotheses] or [""]))
+    finally:
+        if out is not sys.stdout:
+            out.close()
+
+
+def cmd_generate(args) -> int:
+    import sacrebleu
+
+    from .translate import format_fairseq_lines, read_lines, write_lines
+
+    refs = None
+    if args.reference:
+        refs = [text for _, text in read_lines(args.reference)]
+    hyps: list = []
+
+    def consume(tr):
+        write_lines(sys.stdout, format_fairseq_lines(tr.lineno - 1, tr, args.print_alignment))
+        hyps.append(tr.hypotheses[0]["text"] if tr.hypotheses else "")
+
+    _run_translation(args, consume)
+    if refs is not None:
+        if len(refs) != len(hyps):
+            print(f"error: {args.reference} has {len(refs)} lines but {args.input} has {len(hyps)}", file=sys.stderr)
+            return 2
+        bleu = sacrebleu.metrics.BLEU()
+        score = bleu.corpus_score(hyps, [refs])
+        print(f"{score} (signature: {bleu.get_signature()})")
+    return 0
+
+
+def _add_generation_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fairseq-checkpoint", help="a fairseq fconv checkpoint (model.pt)")
+    p.add_argument("--fairseq-dicts", help="folder with dict.<src>.txt and dict.<tgt>.txt (default: beside it)")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="load checkpoints with the full unpickler (can run code from the file)")
+    p.add_argument("--input", default="-", help="input text, one sentence per line ('-': stdin)")
+    p.add_argument("--spm", help="sentencepiece model: applied to the input and removed from the output")
+    p.add_argument("--remove-bpe", nargs="?", const="@@ ", default=None,
+                   help="remove subword-nmt BPE continuation markers from the output (default marker '@@ ')")
+    p.add_argument("--beam", type=_positive_int, default=5)
+    p.add_argument("--nbest", type=_positive_int, default=1)
+    p.add_argument("--max-len-a", type=float, default=0.0)
+    p.add_argument("--max-len-b", type=int, default=200)
+    p.add_argument("--min-len", type=int, default=1)
+    p.add_argument("--lenpen", type=float, default=1.0)
+    p.add_argument("--unkpen", type=float, default=0.0)
+    p.add_argument("--replace-unk", metavar="DICT", help="replace <unk> using this word-pair dictionary")
+    p.add_argument("--batch-size", type=_positive_int, default=128)
+    p.add_argument("--chunk-size", type=_positive_int, default=512, help="lines translated (and written) at a time")
+    p.add_argument("--backend", default=None, help="kernel backend: auto, cpp, triton, reference")
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="convs2s", description="ConvS2S on fused kernels")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,13 +188,33 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch-size", type=_positive_int, default=128)
     demo.add_argument("--seed", type=int, default=1)
     demo.set_defaults(func=cmd_demo)
+
+    tr = sub.add_parser("translate", help="translate text with a fairseq fconv checkpoint")
+    _add_generation_options(tr)
+    tr.add_argument("--output", help="write translations here (default: stdout)")
+    tr.set_defaults(func=cmd_translate)
+
+    gen = sub.add_parser("generate", help="fairseq-style S-/H-/P- lines for a test set, with sacrebleu")
+    _add_generation_options(gen)
+    gen.add_argument("--reference", help="reference translations (detokenised) for sacrebleu")
+    gen.add_argument("--print-alignment", action="store_true", help="print A- lines (argmax attention)")
+    gen.set_defaults(func=cmd_generate)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    from .fairseq_io import CheckpointError
+    from .translate import InputError
+
     try:
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. piped into `head`: the reader has what it wanted
+        sys.stderr.close()
+        return 0
+    except (FileNotFoundError, CheckpointError, InputError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,115 @@
+"""Text in and out: the translate / generate commands, unknown-word replacement, bad input."""
+
+import io
+import sys
+
+import pytest
+import torch
+
+import convs2s
+from convs2s.cli import main
+from convs2s.translate import Tokenizer, replace_unk
+
+
+def test_replace_unk_uses_most_attended_source_word():
+    src = ["das", "Haus", "ist", "blau"]
+    hypo = ["the", "<unk>", "is", "<unk>"]
+    alignment = [0, 1, 2, 3]
+    out = replace_unk(hypo, src, alignment, {"Haus": "house"})
+    assert out == ["the", "house", "is", "blau"]  # translated from the dictionary, else copied
+
+
+def test_unk_replacement_follows_attention_argmax():
+    attention = torch.tensor([[0.1, 0.7], [0.8, 0.2], [0.1, 0.1]])  # source (incl. EOS) x target
+    alignment = attention.argmax(0).tolist()
+    assert replace_unk(["<unk>", "<unk>"], ["a", "b"], alignment, {"b": "B"}) == ["B", "a"]
+
+
+def fixture_lines(fixture_dir):
+    return [" ".join(f"w{t}" for t in line.split()) for line in (fixture_dir / "source.ids").read_text().splitlines()]
+
+
+def run_cli(args, stdin_bytes=None, monkeypatch=None, capsys=None):
+    if stdin_bytes is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin_bytes)))
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_translate_command_matches_generate(fixture_dir, tmp_path, capsys):
+    lines = fixture_lines(fixture_dir)[:4]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines[:2] + [""] + lines[2:]) + "\n")
+    out_file = tmp_path / "out.txt"
+    ckpt = str(fixture_dir / "checkpoint.pt")
+    rc = main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(src), "--output", str(out_file),
+               "--beam", "3", "--max-len-a", "1.2", "--max-len-b", "5", "--chunk-size", "2"])
+    err = capsys.readouterr().err
+    assert rc == 0
+    assert "line 3 is empty" in err
+    got = out_file.read_text().split("\n")[:-1]
+    assert len(got) == 5 and got[2] == ""
+    model, src_dict, tgt_dict = convs2s.load_fairseq(ckpt)
+    ids = [src_dict.encode(l.split()) for l in lines]
+    want = [tgt_dict.string(h[0]["tokens"]) for h in convs2s.generate(model, ids, beam=3, max_len_a=1.2, max_len_b=5)]
+    assert got[:2] + got[3:] == want
+
+
+def test_generate_command_prints_fairseq_lines_and_bleu(fixture_dir, tmp_path, capsys):
+    lines = fixture_lines(fixture_dir)[:3]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n")
+    ref = tmp_path / "ref.txt"
+    ref.write_text("\n".join(lines) + "\n")
+    rc = main(["generate", "--fairseq-checkpoint", str(fixture_dir / "checkpoint.pt"), "--input", str(src),
+               "--reference", str(ref), "--beam", "2", "--max-len-b", "5", "--print-alignment"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    for prefix in ("S-0\t", "H-0\t", "P-0\t", "A-0\t", "S-2\t"):
+        assert prefix in out
+    assert "BLEU = " in out and "signature: nrefs:1" in out
+
+
+def test_bad_inputs_name_line_or_file(fixture_dir, tmp_path, capsys, monkeypatch):
+    ckpt = str(fixture_dir / "checkpoint.pt")
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"w5 w6\n\xff\xfe w7\n")
+    out_file = tmp_path / "out.txt"
+    rc = main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(bad), "--output", str(out_file),
+               "--chunk-size", "1", "--max-len-b", "3"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{bad}:2: invalid UTF-8" in err
+    assert len(out_file.read_text().splitlines()) == 1, "the line translated before the bad one is kept"
+
+    rc = main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(bad), "--spm", str(tmp_path / "no.model")])
+    assert rc == 2 and "sentencepiece model not found" in capsys.readouterr().err
+
+    rc = main(["translate", "--fairseq-checkpoint", str(tmp_path / "none.pt"), "--input", str(bad)])
+    assert rc == 2 and "checkpoint not found" in capsys.readouterr().err
+
+    long_line = tmp_path / "long.txt"
+    long_line.write_text(" ".join(["w5"] * 1100) + "\n")
+    rc = main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(long_line), "--max-len-b", "2",
+               "--output", str(out_file)])
+    err = capsys.readouterr().err
+    assert rc == 0 and "line 1 has 1100 tokens; truncated to the model's 1021" in err
+
+
+def test_sentencepiece_tokenizer_round_trip(tmp_path):
+    spm = pytest.importorskip("sentencepiece")
+    corpus = tmp_path / "corpus.txt"
+    words = ["house", "blue", "the", "is", "a", "dog", "runs", "green", "tree", "small"]
+    g = torch.Generator().manual_seed(0)
+    corpus.write_text("\n".join(" ".join(words[i] for i in torch.randint(0, 10, (8,), generator=g).tolist())
+                                for _ in range(200)) + "\n")
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=25,
+                                   minloglevel=2)
+    tok = Tokenizer(str(tmp_path / "sp.model"))
+    text = "the small dog is blue"
+    pieces = tok.encode(text)
+    assert len(pieces) >= 5 and tok.decode(pieces) == text
+
+
+def test_remove_bpe():
+    assert Tokenizer(remove_bpe="@@ ").decode(["the", "hou@@", "se", "is"]) == "the house is"
