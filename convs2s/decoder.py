@@ -21,7 +21,7 @@ import convs2s_kernels as ck
 
 from .architectures import ConvS2SConfig
 from .encoder import PAD, EncoderOut, check_tokens
-from .layers import SQRT_HALF, ConvTBCWeight, Linear, embedding, make_positions, residual_sources
+from .layers import SQRT_HALF, Linear, conv_stack, embedding, make_positions, residual_input
 
 
 class AttentionLayer(nn.Module):
@@ -90,19 +90,14 @@ class Decoder(nn.Module):
         self.embed_tokens = embedding(vocab_size, embed_dim, PAD)
         self.embed_positions = embedding(cfg.max_target_positions, embed_dim, PAD)
         self.fc1 = Linear(embed_dim, spec[0][0], dropout=p, weight_norm=weight_norm)
-        self.projections = nn.ModuleList()
-        self.convolutions = nn.ModuleList()
-        self.attention = nn.ModuleList()
+        self.projections, self.convolutions = conv_stack(spec, p, weight_norm)
+        self.attention = nn.ModuleList(
+            AttentionLayer(c, embed_dim, weight_norm) if att else None
+            for (c, _, _), att in zip(spec, cfg.decoder_attention)
+        )
         self.residuals = [r for _, _, r in spec]
-        in_channels = spec[0][0]
-        for (out_channels, k, r), res_dim, att in zip(spec, residual_sources(spec), cfg.decoder_attention):
-            needs_proj = res_dim is not None and res_dim != out_channels
-            self.projections.append(Linear(res_dim, out_channels, weight_norm=weight_norm) if needs_proj else None)
-            self.convolutions.append(ConvTBCWeight(in_channels, 2 * out_channels, k, dropout=p, weight_norm=weight_norm))
-            self.attention.append(AttentionLayer(out_channels, embed_dim, weight_norm) if att else None)
-            in_channels = out_channels
         self.share_input_output_embed = cfg.share_input_output_embed
-        self.fc2 = Linear(in_channels, cfg.decoder_out_embed_dim, weight_norm=weight_norm)
+        self.fc2 = Linear(spec[-1][0], cfg.decoder_out_embed_dim, weight_norm=weight_norm)
         if cfg.share_input_output_embed:
             # fairseq: a plain nn.Linear tied to the target embedding, bias with PyTorch's default init.
             self.fc3 = nn.Linear(cfg.decoder_out_embed_dim, vocab_size)
@@ -113,12 +108,6 @@ class Decoder(nn.Module):
     @property
     def max_positions(self) -> int:
         return self.embed_positions.num_embeddings - PAD - 1
-
-    def _residual(self, residuals, proj, r):
-        if r == 0:
-            return None
-        res = residuals[-r]
-        return res if proj is None else proj(res)
 
     def _output(self, x):
         x = self.fc2(x)
@@ -139,7 +128,7 @@ class Decoder(nn.Module):
         avg_attn = None
         num_layers = len(self.convolutions)
         for proj, conv, attention, r in zip(self.projections, self.convolutions, self.attention, self.residuals):
-            residual = self._residual(residuals, proj, r)
+            residual = residual_input(residuals, proj, r)
             x = F.dropout(x, self.dropout, self.training)
             w, b = conv.effective_weight(), conv.bias
             if attention is None:
@@ -191,7 +180,7 @@ class Decoder(nn.Module):
         for i, (proj, conv, attention, r) in enumerate(
             zip(self.projections, self.convolutions, self.attention, self.residuals)
         ):
-            residual = self._residual(residuals, proj, r)
+            residual = residual_input(residuals, proj, r)
             x = F.dropout(x, self.dropout, self.training)
             x, state.conv_states[i] = ck.conv_step(
                 x, state.conv_states[i], conv.effective_weight(), conv.bias, parents, backend=backend

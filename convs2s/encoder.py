@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import convs2s_kernels as ck
 
 from .architectures import ConvS2SConfig
-from .layers import SQRT_HALF, ConvTBCWeight, GradMultiply, Linear, embedding, make_positions, residual_sources
+from .layers import SQRT_HALF, GradMultiply, Linear, conv_stack, embedding, make_positions, residual_input
 
 PAD, EOS = 1, 2
 
@@ -65,16 +65,9 @@ class Encoder(nn.Module):
         self.embed_tokens = embedding(vocab_size, embed_dim, PAD)
         self.embed_positions = embedding(cfg.max_source_positions, embed_dim, PAD)
         self.fc1 = Linear(embed_dim, spec[0][0], dropout=p, weight_norm=weight_norm)
-        self.projections = nn.ModuleList()
-        self.convolutions = nn.ModuleList()
+        self.projections, self.convolutions = conv_stack(spec, p, weight_norm)
         self.residuals = [r for _, _, r in spec]
-        in_channels = spec[0][0]
-        for (out_channels, k, r), res_dim in zip(spec, residual_sources(spec)):
-            needs_proj = res_dim is not None and res_dim != out_channels
-            self.projections.append(Linear(res_dim, out_channels, weight_norm=weight_norm) if needs_proj else None)
-            self.convolutions.append(ConvTBCWeight(in_channels, 2 * out_channels, k, dropout=p, weight_norm=weight_norm))
-            in_channels = out_channels
-        self.fc2 = Linear(in_channels, embed_dim, weight_norm=weight_norm)
+        self.fc2 = Linear(spec[-1][0], embed_dim, weight_norm=weight_norm)
         # Set by the model: the encoder's gradient is scaled by 1 / (2 * number of attention layers).
         self.num_attention_layers = cfg.num_attention_layers
 
@@ -97,10 +90,7 @@ class Encoder(nn.Module):
         mask = pad_mask if bool(pad_mask.any()) else None
         residuals = [x]
         for proj, conv, r in zip(self.projections, self.convolutions, self.residuals):
-            residual = None
-            if r > 0:
-                residual = residuals[-r]
-                residual = residual if proj is None else proj(residual)
+            residual = residual_input(residuals, proj, r)
             # Dropout before masking equals fairseq's mask-then-dropout: dropped zeros stay zero.
             x = F.dropout(x, self.dropout, self.training)
             x = ck.conv_glu(

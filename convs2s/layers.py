@@ -159,3 +159,27 @@ def residual_sources(spec: Sequence[tuple]) -> list:
         sources.append(widths[-r] if r > 0 else None)
         widths.append(out_channels)
     return sources
+
+
+def conv_stack(spec: Sequence[tuple], dropout: float, weight_norm: bool = True):
+    """fairseq's ``projections`` and ``convolutions`` lists for a layer spec.
+
+    A projection exists only where the residual's width differs from the layer's output;
+    ``None`` entries keep the list indices equal to layer numbers, as in fairseq's state dicts.
+    """
+    projections, convolutions = nn.ModuleList(), nn.ModuleList()
+    in_channels = spec[0][0]
+    for (out_channels, k, _), res_dim in zip(spec, residual_sources(spec)):
+        needs_proj = res_dim is not None and res_dim != out_channels
+        projections.append(Linear(res_dim, out_channels, weight_norm=weight_norm) if needs_proj else None)
+        convolutions.append(ConvTBCWeight(in_channels, 2 * out_channels, k, dropout=dropout, weight_norm=weight_norm))
+        in_channels = out_channels
+    return projections, convolutions
+
+
+def residual_input(residuals: list, projection, r: int):
+    """The residual of a layer: the output ``r`` layers back, projected when widths differ."""
+    if r == 0:
+        return None
+    res = residuals[-r]
+    return res if projection is None else projection(res)
