@@ -38,6 +38,12 @@ def cmd_demo(args) -> int:
     import convs2s
     import convs2s_kernels as ck
 
+    avail = ck.available_backends()
+    backends = [b for b in args.backends.split(",") if b]
+    for b in backends:
+        if b not in avail:
+            print(f"error: unknown backend {b!r}; known: {', '.join(avail)}", file=sys.stderr)
+            return 2
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     model = convs2s.build_model(args.arch, args.vocab, args.vocab).eval()
@@ -50,12 +56,6 @@ def cmd_demo(args) -> int:
     lengths = [args.lengths[i % len(args.lengths)] for i in range(args.sentences)]
     sources = [torch.randint(4, args.vocab, (L,), generator=gen).tolist() for L in lengths]
     target = [int(round(1.1 * L)) for L in lengths]  # forced output length (random weights)
-    avail = ck.available_backends()
-    backends = [b for b in args.backends.split(",") if b]
-    for b in backends:
-        if b not in avail:
-            print(f"error: unknown backend {b!r}; known: {', '.join(avail)}", file=sys.stderr)
-            return 2
     print(f"{len(sources)} sentences, source lengths {sorted(set(lengths))}, output forced to ~1.1x source length")
     print(f"{'backend':<10} {'beam':>4} {'seconds':>8} {'sent/s':>7} {'tok/s':>7}")
     for backend in backends:
