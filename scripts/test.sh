@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 PY=${PYTHON:-python3}
+# benchmarks as a smoke test (no timing), then the test suite
+"$PY" -m pytest bench --benchmark-disable -q -p no:cacheprovider
 "$PY" -m pytest tests -m "not gpu" "$@"
