@@ -17,6 +17,7 @@ import argparse
 import os
 import pickle
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
@@ -24,7 +25,7 @@ import torch
 
 from .architectures import get_config
 from .dictionary import Dictionary
-from .layers import WeightNormed
+from .layers import WeightNormed, gain_dim
 from .model import ConvS2SModel
 
 PathLike = Union[str, os.PathLike]
@@ -66,9 +67,9 @@ def _as_dict(obj) -> Dict[str, Any]:
         return {}
     if isinstance(obj, argparse.Namespace):
         return vars(obj)
-    if isinstance(obj, dict):
-        return obj
-    return {k: getattr(obj, k) for k in dir(obj) if not k.startswith("_")}
+    if isinstance(obj, Mapping):  # dicts, and omegaconf configs under trust_pickle
+        return dict(obj)
+    raise CheckpointError(f"cannot read a configuration stored as {type(obj).__name__}")
 
 
 def checkpoint_model_args(ckpt: Dict[str, Any]) -> Dict[str, Any]:
@@ -122,7 +123,7 @@ def _compare_state(model: ConvS2SModel, state: Dict[str, torch.Tensor]) -> None:
     wrong = []
     for k in sorted(set(expected) & set(state)):
         es, gs = tuple(expected[k].shape), tuple(state[k].shape)
-        if es != gs and not (k.endswith("weight_g") and _legacy_g_ok(state, k)):
+        if es != gs and not (k.endswith("weight_g") and _alternative_gain(state, k)):
             wrong.append(f"{k}: checkpoint {gs}, model {es}")
     if missing or unexpected or wrong:
         parts = []
@@ -135,10 +136,11 @@ def _compare_state(model: ConvS2SModel, state: Dict[str, torch.Tensor]) -> None:
         raise CheckpointError("the checkpoint does not match its architecture:\n  " + "\n  ".join(parts))
 
 
-def _legacy_g_ok(state, key) -> bool:
-    """A pre-2018 decoder conv keeps weight-norm gains per kernel tap: g (k, 1, 1)."""
-    g, v = state[key], state.get(key[: -len("weight_g")] + "weight_v")
-    return v is not None and g.dim() == 3 and g.shape[1:] == (1, 1) and g.shape[0] == v.shape[0]
+def _alternative_gain(state, key) -> bool:
+    """A gain laid out along another dim than ours (legacy decoder convs: (k, 1, 1)), which the
+    layer adopts on load."""
+    v = state.get(key[: -len("weight_g")] + "weight_v")
+    return v is not None and gain_dim(state[key].shape, v.shape) is not None
 
 
 def model_from_checkpoint(ckpt: Dict[str, Any]) -> ConvS2SModel:
@@ -173,8 +175,8 @@ def _find_dicts(ckpt, checkpoint_path: Path, dict_dir: Optional[PathLike]) -> Tu
                 )
         return paths
     raise CheckpointError(
-        "the checkpoint names no source/target languages; give the dictionaries' folder and "
-        "make sure it holds dict.<src>.txt and dict.<tgt>.txt"
+        "the checkpoint names no source/target languages (source_lang / target_lang in cfg['task'] or "
+        "args), so its dict.<lang>.txt files cannot be told apart"
     )
 
 

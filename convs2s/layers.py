@@ -8,7 +8,7 @@ parameters, exactly as fairseq's state dicts hold them, and can be folded into a
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -70,11 +70,25 @@ class WeightNormed(nn.Module):
         # kernel-tap dim 0); adopt it so both layouts load with strict=True.
         g = state_dict.get(prefix + "weight_g")
         if g is not None and self.weight_normed and g.shape != self.weight_g.shape:
-            kept = [d for d, s in enumerate(g.shape) if s != 1] or [0]  # (1, 1, 1): legacy k = 1
-            if len(kept) == 1 and g.shape[kept[0]] == self.weight_v.shape[kept[0]] and g.dim() == self.weight_v.dim():
-                self.wn_dim = kept[0]
+            dim = gain_dim(g.shape, self.weight_v.shape)
+            if dim is not None:
+                self.wn_dim = dim
                 self.weight_g = nn.Parameter(self.weight_g.new_empty(g.shape))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+def gain_dim(g_shape: Sequence[int], v_shape: Sequence[int]) -> Optional[int]:
+    """The dim a weight-norm gain of ``g_shape`` keeps for a ``v_shape`` weight, or None if it fits none.
+
+    fairseq's layouts: Linear (out, 1) keeps 0, convolutions (1, 1, 2C) keep 2, legacy pre-2018
+    decoder convolutions (k, 1, 1) keep 0 (all ones: k = 1, taken as 0).
+    """
+    if len(g_shape) != len(v_shape):
+        return None
+    kept = [d for d, n in enumerate(g_shape) if n != 1] or [0]
+    if len(kept) != 1 or g_shape[kept[0]] != v_shape[kept[0]]:
+        return None
+    return kept[0]
 
 
 class Linear(WeightNormed):
