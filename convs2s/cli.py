@@ -24,6 +24,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        return value
+
+    return parse
+
+
 def _int_list(text: str) -> List[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -78,10 +88,15 @@ def cmd_demo(args) -> int:
 
 def _load_for_translation(args):
     import convs2s
+    import convs2s_kernels as ck
 
     if args.fairseq_checkpoint is None:
         raise SystemExit("error: give a model with --fairseq-checkpoint PATH (and --fairseq-dicts DIR if the "
                          "dictionaries are not beside it)")
+    try:  # check the backend before the (slow) checkpoint load
+        ck.dispatch.requested_backends(args.backend)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     model, src_dict, tgt_dict = convs2s.load_fairseq(args.fairseq_checkpoint, args.fairseq_dicts,
                                                       trust_pickle=args.trust_pickle)
     model.use_backend(args.backend)
@@ -162,9 +177,9 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                    help="remove subword-nmt BPE continuation markers from the output (default marker '@@ ')")
     p.add_argument("--beam", type=_positive_int, default=5)
     p.add_argument("--nbest", type=_positive_int, default=1)
-    p.add_argument("--max-len-a", type=float, default=0.0)
-    p.add_argument("--max-len-b", type=int, default=200)
-    p.add_argument("--min-len", type=int, default=1)
+    p.add_argument("--max-len-a", type=_non_negative(float), default=0.0)
+    p.add_argument("--max-len-b", type=_non_negative(int), default=200)
+    p.add_argument("--min-len", type=_non_negative(int), default=1)
     p.add_argument("--lenpen", type=float, default=1.0)
     p.add_argument("--unkpen", type=float, default=0.0)
     p.add_argument("--replace-unk", metavar="DICT", help="replace <unk> using this word-pair dictionary")

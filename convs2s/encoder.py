@@ -101,7 +101,8 @@ class Encoder(nn.Module):
         x = self.fc2(x)
         if mask is not None:
             x = x.masked_fill(mask.unsqueeze(-1), 0.0)
-        x = GradMultiply.apply(x, 1.0 / (2.0 * self.num_attention_layers))
+        if torch.is_grad_enabled():  # identity forward: skip its copy at inference
+            x = GradMultiply.apply(x, 1.0 / (2.0 * self.num_attention_layers))
         y = (x + input_embedding) * SQRT_HALF
         src_lengths = (~pad_mask).sum(dim=1)
         return EncoderOut(z=x, y=y, src_lengths=src_lengths, pad_mask=pad_mask)

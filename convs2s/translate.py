@@ -146,7 +146,15 @@ def translate_lines(model, src_dict: Dictionary, tgt_dict: Dictionary, lines: It
             yield Translation(lineno, text, toks, hyps, notes.get(lineno))
         chunk.clear()
 
-    for lineno, text in lines:
+    lines = iter(lines)
+    while True:
+        try:
+            lineno, text = next(lines)
+        except StopIteration:
+            break
+        except InputError:
+            yield from flush()  # translate what was read before the bad line, then report it
+            raise
         chunk.append((lineno, text, tokenizer.encode(text)))
         if len(chunk) >= chunk_size:
             yield from flush()

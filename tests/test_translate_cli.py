@@ -77,7 +77,7 @@ def test_bad_inputs_name_line_or_file(fixture_dir, tmp_path, capsys, monkeypatch
     bad.write_bytes(b"w5 w6\n\xff\xfe w7\n")
     out_file = tmp_path / "out.txt"
     rc = main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(bad), "--output", str(out_file),
-               "--chunk-size", "1", "--max-len-b", "3"])
+               "--max-len-b", "3"])  # default chunk size: the good line shares the bad line's chunk
     err = capsys.readouterr().err
     assert rc == 2 and f"{bad}:2: invalid UTF-8" in err
     assert len(out_file.read_text().splitlines()) == 1, "the line translated before the bad one is kept"
@@ -113,3 +113,11 @@ def test_sentencepiece_tokenizer_round_trip(tmp_path):
 
 def test_remove_bpe():
     assert Tokenizer(remove_bpe="@@ ").decode(["the", "hou@@", "se", "is"]) == "the house is"
+
+
+def test_bad_options_fail_before_loading(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="unknown backend 'fastest'"):
+        main(["translate", "--fairseq-checkpoint", str(tmp_path / "never-read.pt"), "--backend", "fastest"])
+    with pytest.raises(SystemExit):
+        main(["translate", "--min-len", "-1"])
+    assert "must be >= 0" in capsys.readouterr().err
