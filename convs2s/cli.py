@@ -5,6 +5,8 @@ Commands:
              (random weights, fixed seed, synthetic newstest-like source lengths), per backend.
   translate  translate text (stdin or a file) with a fairseq fconv checkpoint.
   generate   translate a test set, print fairseq-style S-/H-/P-/A- lines and score it with sacrebleu.
+  data       prepare a parallel corpus (cleaning, joint BPE, dictionaries) or fetch Multi30k.
+  train      train a model on a prepared data folder (one process, or several under torchrun).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import List, Optional
 
 import torch
@@ -166,6 +169,79 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_data_prepare(args) -> int:
+    from .data import prepare
+
+    prepare(args.out, args.source_lang, args.target_lang, args.train, args.valid, bpe_size=args.bpe_size,
+            max_len=args.max_len or None, max_ratio=args.max_ratio or None, seed=args.seed)
+    return 0
+
+
+def cmd_data_multi30k(args) -> int:
+    from .multi30k import download
+
+    files = download(args.out, args.langs.split(","), mirror=args.mirror)
+    print(f"{len(files)} files in {args.out}")
+    return 0
+
+
+def _model_option(text: str):
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    import ast
+
+    try:
+        value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        pass  # a plain string such as a layer spec
+    return key.replace("-", "_"), value
+
+
+def train_config_from_args(args):
+    from .train import TrainConfig
+
+    overrides = dict(args.model_option or [])
+    if args.dropout is not None:
+        overrides["dropout"] = args.dropout
+    return TrainConfig(
+        data=args.data, save_dir=args.save_dir, arch=args.arch, model_overrides=overrides, lr=args.lr,
+        momentum=args.momentum, weight_decay=args.weight_decay, clip_norm=args.clip_norm, lr_shrink=args.lr_shrink,
+        min_lr=args.min_lr, label_smoothing=args.label_smoothing, max_tokens=args.max_tokens,
+        max_sentences=args.max_sentences, update_freq=args.update_freq, max_epoch=args.max_epoch,
+        max_update=args.max_update, max_time_minutes=args.max_time, validate_interval_updates=args.validate_interval,
+        save_interval_updates=args.save_interval, snapshot_minutes=args.snapshot_minutes or [],
+        log_interval=args.log_interval, seed=args.seed, bf16=args.bf16, threads=args.threads, backend=args.backend,
+    )
+
+
+def cmd_train(args) -> int:
+    from .architectures import get_config
+    from .train import Trainer, TrainingDiverged, init_distributed
+
+    cfg = train_config_from_args(args)
+    try:
+        get_config(cfg.arch, **cfg.model_overrides)  # bad architecture options fail before data loading
+    except (TypeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    info = init_distributed()
+    try:
+        trainer = Trainer(cfg, info)
+        summary = trainer.train(resume=args.resume, progress_bar=True if args.progress else None)
+    except TrainingDiverged as exc:
+        last = Path(cfg.save_dir) / "checkpoint_last.pt"
+        kept = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was written yet"
+        print(f"error: {exc}; training stopped, {kept}. Lower --lr or --clip-norm, or drop --bf16.", file=sys.stderr)
+        return 3
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    return 0 if summary["reason"] and not summary["reason"].startswith("stopped by") else 130
+
+
 def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fairseq-checkpoint", help="a fairseq fconv checkpoint (model.pt)")
     p.add_argument("--fairseq-dicts", help="folder with dict.<src>.txt and dict.<tgt>.txt (default: beside it)")
@@ -214,11 +290,71 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--reference", help="reference translations (detokenised) for sacrebleu")
     gen.add_argument("--print-alignment", action="store_true", help="print A- lines (argmax attention)")
     gen.set_defaults(func=cmd_generate)
+    data = sub.add_parser("data", help="prepare a corpus or fetch Multi30k")
+    dsub = data.add_subparsers(dest="data_command", required=True)
+    prep = dsub.add_parser("prepare", help="clean, learn joint sentencepiece BPE, write dictionaries and binaries")
+    prep.add_argument("--train", required=True, metavar="PREFIX",
+                      help="training corpus: PREFIX.<lang> or PREFIX.<lang>.gz for both languages")
+    prep.add_argument("--valid", metavar="PREFIX", help="validation corpus prefix")
+    prep.add_argument("--source-lang", "-s", required=True)
+    prep.add_argument("--target-lang", "-t", required=True)
+    prep.add_argument("--out", required=True, help="data folder to write")
+    prep.add_argument("--bpe-size", type=_positive_int, default=8000, help="joint BPE vocabulary size")
+    prep.add_argument("--max-len", type=_non_negative(int), default=175,
+                      help="drop training pairs with more words on either side (0: no limit; paper: 175)")
+    prep.add_argument("--max-ratio", type=_non_negative(float), default=1.5,
+                      help="drop training pairs whose word-count ratio exceeds this (0: no limit; paper: 1.5)")
+    prep.add_argument("--seed", type=int, default=1)
+    prep.set_defaults(func=cmd_data_prepare)
+    m30k = dsub.add_parser("multi30k", help="fetch Multi30k task 1 (raw) from its public repository")
+    m30k.add_argument("--out", required=True)
+    m30k.add_argument("--langs", default="en,de", help="comma-separated: en, de, fr")
+    from .multi30k import URL
+
+    m30k.add_argument("--mirror", default=URL, help="base URL or local folder holding the .gz files")
+    m30k.set_defaults(func=cmd_data_multi30k)
+
+    train_p = sub.add_parser("train", help="train on a prepared data folder (NAG, clipping, plateau annealing)")
+    train_p.add_argument("data", help="data folder written by `convs2s data prepare`")
+    train_p.add_argument("--save-dir", required=True, help="checkpoints, dictionaries and train_log.jsonl go here")
+    train_p.add_argument("--arch", default="fconv_iwslt_de_en")
+    train_p.add_argument("--dropout", type=float, help="dropout (default: the architecture's)")
+    train_p.add_argument("--model-option", type=_model_option, action="append", metavar="KEY=VALUE",
+                    help="other architecture fields, e.g. decoder_layers='[(256, 3)] * 4'")
+    train_p.add_argument("--lr", type=float, default=0.25)
+    train_p.add_argument("--momentum", type=float, default=0.99)
+    train_p.add_argument("--weight-decay", type=_non_negative(float), default=0.0)
+    train_p.add_argument("--clip-norm", type=_non_negative(float), default=0.1,
+                    help="renormalise gradients whose norm exceeds this (0: off)")
+    train_p.add_argument("--lr-shrink", type=float, default=0.1, help="factor applied when validation stops improving")
+    train_p.add_argument("--min-lr", type=float, default=1e-4, help="stop when the learning rate falls below this")
+    train_p.add_argument("--label-smoothing", type=_non_negative(float), default=0.0)
+    train_p.add_argument("--max-tokens", type=_positive_int, default=4000, help="padded tokens per batch")
+    train_p.add_argument("--max-sentences", type=_positive_int, default=None, help="sentences per batch at most")
+    train_p.add_argument("--update-freq", type=_positive_int, default=1, help="batches accumulated per update")
+    train_p.add_argument("--max-epoch", type=_non_negative(int), default=0, help="0: no limit")
+    train_p.add_argument("--max-update", type=_non_negative(int), default=0, help="0: no limit")
+    train_p.add_argument("--max-time", type=_non_negative(float), default=0.0, help="minutes of training (0: no limit)")
+    train_p.add_argument("--validate-interval", type=_non_negative(int), default=0,
+                    help="validate every N updates (0: every epoch)")
+    train_p.add_argument("--save-interval", type=_non_negative(int), default=0,
+                    help="also write checkpoint_last.pt every N updates")
+    train_p.add_argument("--snapshot-minutes", type=lambda t: [float(v) for v in t.split(",") if v], default=None,
+                    help="keep checkpoint_<m>min.pt at these minutes of training, e.g. 30,60")
+    train_p.add_argument("--log-interval", type=_positive_int, default=50, help="updates per train_log.jsonl record")
+    train_p.add_argument("--seed", type=int, default=1)
+    train_p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPUs, and CPUs with AVX512-BF16/AMX)")
+    train_p.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads (0: default)")
+    train_p.add_argument("--backend", default=None, help="kernel backend: auto, cpp, triton, reference")
+    train_p.add_argument("--resume", action="store_true", help="continue from SAVE_DIR/checkpoint_last.pt")
+    train_p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
+    train_p.set_defaults(func=cmd_train)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    from .data import DataError
     from .fairseq_io import CheckpointError
     from .translate import InputError
 
@@ -230,6 +366,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:  # e.g. piped into `head`: the reader has what it wanted
         sys.stderr.close()
         return 0
-    except (FileNotFoundError, CheckpointError, InputError) as exc:
+    except (FileNotFoundError, CheckpointError, InputError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

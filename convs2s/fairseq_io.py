@@ -204,9 +204,8 @@ def _spec_string(spec) -> str:
     return "[" + ", ".join(f"({c}, {k}, {r})" for c, k, r in spec) + "]"
 
 
-def save_fairseq(model: ConvS2SModel, path: PathLike, src_dict: Optional[Dictionary] = None,
-                 tgt_dict: Optional[Dictionary] = None, source_lang: str = "src", target_lang: str = "tgt") -> None:
-    """Write ``model`` as a fairseq fconv checkpoint (and its dictionaries beside it), atomically.
+def fairseq_checkpoint(model: ConvS2SModel, source_lang: str = "src", target_lang: str = "tgt") -> Dict[str, Any]:
+    """``model`` as a fairseq fconv checkpoint dict (weights on the CPU, weight norm everywhere).
 
     The architecture is stored as ``cfg['model']`` (an ``argparse.Namespace`` with fairseq's field
     names) so fairseq's own loader and :func:`load_fairseq` both read it.
@@ -234,7 +233,7 @@ def save_fairseq(model: ConvS2SModel, path: PathLike, src_dict: Optional[Diction
             w = state.pop(f"{name}.weight")
             state[f"{name}.weight_v"] = w
             state[f"{name}.weight_g"] = WeightNormed._norm(w, module.wn_dim)
-    ckpt = {
+    return {
         "args": None,
         "cfg": {"_name": None, "model": margs, "task": task},
         "model": state,
@@ -244,6 +243,12 @@ def save_fairseq(model: ConvS2SModel, path: PathLike, src_dict: Optional[Diction
         "extra_state": {},
         "last_optimizer_state": None,
     }
+
+
+def save_fairseq(model: ConvS2SModel, path: PathLike, src_dict: Optional[Dictionary] = None,
+                 tgt_dict: Optional[Dictionary] = None, source_lang: str = "src", target_lang: str = "tgt") -> None:
+    """Write ``model`` as a fairseq fconv checkpoint (and its dictionaries beside it), atomically."""
+    ckpt = fairseq_checkpoint(model, source_lang, target_lang)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     torch.save(ckpt, tmp)

@@ -24,25 +24,21 @@ class InputError(ValueError):
 
 
 def read_lines(path: Optional[str]) -> Iterator[Tuple[int, str]]:
-    """(1-based line number, text without newline); '-' or None reads stdin."""
-    if path in (None, "-"):
-        stream = sys.stdin.buffer
-    else:
-        p = Path(path)
-        if not p.exists() or p.is_dir():
-            raise FileNotFoundError(f"input file not found: {p}")
-        stream = open(p, "rb")
-    name = "<stdin>" if path in (None, "-") else path
-    try:
-        for lineno, raw in enumerate(stream, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{name}:{lineno}: invalid UTF-8 ({exc.reason} at byte {exc.start})") from None
-            yield lineno, text.rstrip("\r\n")
-    finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
+    """(1-based line number, text without newline); '-' or None reads stdin; .gz files are unzipped."""
+    if path not in (None, "-"):
+        from .data import DataError, iter_lines
+
+        try:
+            yield from iter_lines(path)
+        except DataError as exc:
+            raise InputError(str(exc)) from None
+        return
+    for lineno, raw in enumerate(sys.stdin.buffer, 1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"<stdin>:{lineno}: invalid UTF-8 ({exc.reason} at byte {exc.start})") from None
+        yield lineno, text.rstrip("\r\n")
 
 
 def load_align_dict(path: str) -> Dict[str, str]:

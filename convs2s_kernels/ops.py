@@ -22,6 +22,16 @@ register("reference", "attention_embsum")(reference.attention_embsum_ref)
 register("reference", "conv_step")(reference.conv_step_ref)
 
 
+def _autocast_inputs(device: torch.device, *tensors):
+    """Under ``torch.autocast``, bring the floating inputs to the autocast dtype, as autocast does
+    for PyTorch's own convolutions and matmuls (the ops then see one dtype, and the reference's
+    softmax still runs in float32)."""
+    if not torch.is_autocast_enabled(device.type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device.type)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
+
+
 def _check_conv_weight(x_name: str, c_in: int, weight, bias) -> int:
     check_tensor("weight", weight, 3)
     k, w_in, c2 = weight.shape
@@ -66,6 +76,7 @@ def conv_glu(
             raise TypeError(f"pad_mask must be a bool tensor (True = padding), got {pad_mask.dtype}")
         if pad_mask.device != x.device:
             raise ValueError(f"pad_mask is on {pad_mask.device} but x is on {x.device}")
+    x, weight, bias, residual = _autocast_inputs(x.device, x, weight, bias, residual)
     check_same("x", x, weight=weight, bias=bias, residual=residual)
     kwargs = dict(causal=causal, residual=residual, scale=scale, pad_mask=pad_mask)
     fn = resolve("conv_glu", x.device, backend, x, weight, bias, **kwargs)
@@ -97,6 +108,7 @@ def attention_embsum(
     check_shape("y", y, (B, S, E), "(B, S, E)")
     if S == 0:
         raise ValueError("z has no source positions (S = 0)")
+    q, z, y = _autocast_inputs(q.device, q, z, y)
     check_same("q", q, z=z, y=y)
     if src_lengths is not None:
         check_index("src_lengths", src_lengths, B, q.device, low=1, high=S)
@@ -127,6 +139,7 @@ def conv_step(
     _check_conv_weight("x_t", c_in, weight, bias)
     k = weight.shape[0]
     check_shape("state", state, (None, k - 1, c_in), "(N_prev, k-1, C_in)")
+    x_t, state, weight, bias = _autocast_inputs(x_t.device, x_t, state, weight, bias)
     check_same("x_t", x_t, state=state, weight=weight, bias=bias)
     if beam_index is None:
         if state.shape[0] != N:

@@ -1,0 +1,447 @@
+"""Training as in the paper (section 4.2) and fairseq-train: NAG, tight gradient renormalisation,
+learning-rate annealing on validation plateaus, token-normalised loss, resumable checkpoints.
+
+One process or several (``torchrun``; gloo on CPU, NCCL on GPU): every update consumes
+``world_size * update_freq`` consecutive batches of the epoch's order; each process sums the
+token losses of its share, gradients are summed over processes and divided by the global number
+of target tokens, so any split of the same batches gives the same update. Dropout is seeded from
+``(seed, epoch, batch index)``, which makes an update independent of how the batches were split
+and of where a run was resumed.
+
+Checkpoints are fairseq fconv checkpoints (``convs2s generate --fairseq-checkpoint`` reads them)
+with the training state under the extra key ``convs2s_train``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .data import Batch, DataError, DataFolder, TokenDataset, batch_by_tokens, collate, open_data_folder, perplexity
+from .encoder import PAD
+from .fairseq_io import CheckpointError, fairseq_checkpoint, read_checkpoint
+from .model import ConvS2SModel, build_model
+
+TRAIN_STATE_KEY = "convs2s_train"
+FORMAT_VERSION = 1
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm stopped being finite."""
+
+
+@dataclass
+class TrainConfig:
+    data: str
+    save_dir: str
+    arch: str = "fconv_iwslt_de_en"
+    model_overrides: Dict = field(default_factory=dict)  # ConvS2SConfig fields, e.g. {"dropout": 0.2}
+    lr: float = 0.25
+    momentum: float = 0.99
+    weight_decay: float = 0.0
+    clip_norm: float = 0.1
+    lr_shrink: float = 0.1
+    min_lr: float = 1e-4
+    label_smoothing: float = 0.0
+    max_tokens: int = 4000
+    max_sentences: Optional[int] = None
+    update_freq: int = 1
+    max_epoch: int = 0  # 0: no limit
+    max_update: int = 0
+    max_time_minutes: float = 0.0
+    validate_interval_updates: int = 0  # 0: once per epoch
+    save_interval_updates: int = 0  # extra checkpoint_last writes between validations
+    snapshot_minutes: List[float] = field(default_factory=list)  # keep checkpoint_<m>min.pt copies
+    log_interval: int = 50
+    seed: int = 1
+    bf16: bool = False
+    threads: int = 0  # 0: torch's default
+    backend: Optional[str] = None
+
+    # Fields that must match for --resume to continue the same run.
+    RESUME_KEYS = ("arch", "model_overrides", "seed", "max_tokens", "max_sentences", "update_freq", "label_smoothing")
+
+
+# --- losses ----------------------------------------------------------------------------------
+def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, eps: float):
+    """(smoothed loss sum, nll sum) over non-pad targets; fairseq's current label smoothing:
+    target weight ``1 - eps``, every other vocabulary entry ``eps / (V - 1)``."""
+    lprobs = F.log_softmax(logits.float(), dim=-1).view(-1, logits.shape[-1])
+    target = target.reshape(-1)
+    nll = F.nll_loss(lprobs, target, ignore_index=PAD, reduction="sum")
+    if eps <= 0:
+        return nll, nll
+    eps_i = eps / (lprobs.shape[-1] - 1)
+    smooth = -(lprobs.sum(dim=-1) * target.ne(PAD)).sum()
+    return (1.0 - eps - eps_i) * nll + eps_i * smooth, nll
+
+
+# --- distributed helpers -------------------------------------------------------------------------
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """Join the ``torchrun`` process group when launched by it; one process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return DistInfo(dist.get_rank(), dist.get_world_size())
+
+
+def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.world_size > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def batch_seed(seed: int, epoch: int, index: int) -> int:
+    return ((seed * 1_000_003 + epoch) * 1_000_003 + index) % (2 ** 63)
+
+
+# --- checkpoints ---------------------------------------------------------------------------------
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+@dataclass
+class Progress:
+    epoch: int = 1
+    next_group: int = 0  # index of the next update's first batch group within the epoch
+    num_updates: int = 0
+    best_valid_nll: float = math.inf
+    lr: float = 0.25
+    train_seconds: float = 0.0
+    snapshots_done: List[float] = field(default_factory=list)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, info: Optional[DistInfo] = None, log=print):
+        self.cfg = cfg
+        self.info = info or DistInfo()
+        self.log = log if self.info.is_main else (lambda *a, **k: None)
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+        self.folder: DataFolder = open_data_folder(cfg.data)
+        self.train_set: TokenDataset = self.folder.load_split("train")
+        self.valid_set: Optional[TokenDataset] = None
+        if self.folder.split_path("valid").is_file():
+            self.valid_set = self.folder.load_split("valid")
+        if len(self.train_set) == 0:
+            raise DataError(f"{self.folder.split_path('train')} holds no examples")
+        torch.manual_seed(cfg.seed)
+        self.model: ConvS2SModel = build_model(cfg.arch, len(self.folder.src_dict), len(self.folder.tgt_dict),
+                                               **cfg.model_overrides).to(self.device)
+        self.model.use_backend(cfg.backend)
+        max_pos = min(self.model.max_positions())
+        too_long = int((torch.maximum(self.train_set.src_lengths, self.train_set.tgt_lengths) > max_pos).sum())
+        if too_long:
+            raise DataError(f"{too_long} training examples exceed the model's {max_pos} positions; "
+                            "prepare the data with a smaller --max-len")
+        # NAG: torch's Nesterov SGD equals fairseq's NAG, lr changes included (notes, section 5.1).
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                         nesterov=True, weight_decay=cfg.weight_decay)
+        self.progress = Progress(lr=cfg.lr)
+        self.save_dir = Path(cfg.save_dir)
+        self.log_path = self.save_dir / "train_log.jsonl"
+        self._stop_signal: Optional[str] = None
+
+    # --- state ---------------------------------------------------------------------------
+    def checkpoint(self) -> dict:
+        f = self.folder
+        ckpt = fairseq_checkpoint(self.model, f.src_lang, f.tgt_lang)
+        ckpt[TRAIN_STATE_KEY] = {
+            "version": FORMAT_VERSION,
+            "config": dataclasses.asdict(self.cfg),
+            "model_config": self.model.cfg.to_dict(),
+            "vocab": [len(f.src_dict), len(f.tgt_dict)],
+            "train_examples": len(self.train_set),
+            "optimizer": self.optimizer.state_dict(),
+            "progress": dataclasses.asdict(self.progress),
+            "world_size": self.info.world_size,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+        }
+        return ckpt
+
+    def save(self, name: str) -> Path:
+        """Write ``name`` atomically in the save folder, with the dictionaries and BPE model beside it."""
+        path = self.save_dir / name
+        if self.info.is_main:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+            _atomic_save(self.checkpoint(), path)
+            for lang, d in ((self.folder.src_lang, self.folder.src_dict), (self.folder.tgt_lang, self.folder.tgt_dict)):
+                if not (self.save_dir / f"dict.{lang}.txt").is_file():
+                    d.save(self.save_dir / f"dict.{lang}.txt")
+            spm_model = self.folder.spm_model
+            if spm_model is not None and not (self.save_dir / "spm.model").is_file():
+                tmp = self.save_dir / "spm.model.tmp"
+                tmp.write_bytes(spm_model.read_bytes())
+                os.replace(tmp, self.save_dir / "spm.model")
+        return path
+
+    def load(self, path: Path) -> None:
+        ckpt = read_checkpoint(path)
+        state = ckpt.get(TRAIN_STATE_KEY) if isinstance(ckpt, dict) else None
+        if not isinstance(state, dict) or state.get("version") != FORMAT_VERSION:
+            raise CheckpointError(f"{path} holds no convs2s training state (version {FORMAT_VERSION}); "
+                                  "only checkpoints written by `convs2s train` can be resumed")
+        saved = state["config"]
+        mismatched = [k for k in TrainConfig.RESUME_KEYS if saved.get(k) != getattr(self.cfg, k)]
+        if mismatched:
+            diffs = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {getattr(self.cfg, k)!r}" for k in mismatched)
+            raise CheckpointError(f"cannot resume from {path}: the run's settings differ ({diffs})")
+        vocab = [len(self.folder.src_dict), len(self.folder.tgt_dict)]
+        if list(state["vocab"]) != vocab or state["train_examples"] != len(self.train_set):
+            raise CheckpointError(
+                f"cannot resume from {path}: it was trained on other data (vocabularies {state['vocab']}, "
+                f"{state['train_examples']} examples; this data has {vocab}, {len(self.train_set)} examples)")
+        if state["world_size"] * saved["update_freq"] != self.info.world_size * self.cfg.update_freq:
+            raise CheckpointError(
+                f"cannot resume from {path}: it used {state['world_size']} processes x update-freq "
+                f"{saved['update_freq']}; keep world_size x update_freq the same so batches stay the same")
+        try:
+            self.model.load_state_dict(ckpt["model"], strict=True)
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"cannot resume from {path}: {exc}") from None
+        self.progress = Progress(**state["progress"])
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.progress.lr
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(_as_tuple(state["rng"]["python"]))
+
+    # --- batches ---------------------------------------------------------------------------
+    def epoch_groups(self, epoch: int) -> List[List[List[int]]]:
+        """The epoch's batches cut into updates: each group holds ``world_size * update_freq`` batches."""
+        batches = batch_by_tokens(self.train_set.src_lengths, self.train_set.tgt_lengths, self.cfg.max_tokens,
+                                  max_sentences=self.cfg.max_sentences, seed=self.cfg.seed, epoch=epoch)
+        per_update = self.info.world_size * self.cfg.update_freq
+        return [batches[i:i + per_update] for i in range(0, len(batches), per_update)]
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
+
+    # --- one update ------------------------------------------------------------------------
+    def train_step(self, group: List[List[int]], epoch: int, first_batch_index: int) -> dict:
+        """Forward/backward this process's share of ``group``, all-reduce, renormalise, step."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        nll_sum = torch.zeros((), dtype=torch.float64)
+        ntokens = 0
+        for j in range(self.info.rank, len(group), self.info.world_size):
+            batch = collate(self.train_set, group[j]).to(self.device)
+            torch.manual_seed(batch_seed(self.cfg.seed, epoch, first_batch_index + j))
+            with self._autocast():
+                logits, _ = self.model(batch.src_tokens, None, batch.prev_output_tokens)
+            loss, nll = label_smoothed_nll(logits, batch.target, self.cfg.label_smoothing)
+            loss.backward()
+            loss_sum += loss.detach().double().cpu()
+            nll_sum += nll.detach().double().cpu()
+            ntokens += batch.ntokens
+        # One flat buffer: a single all-reduce carries every gradient and the loss/token sums. A
+        # parameter this process gave no gradient (no batch, unused) contributes zeros.
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params] +
+                         [torch.tensor([loss_sum, nll_sum, ntokens], dtype=params[0].dtype, device=params[0].device)])
+        all_reduce_sum(flat, self.info)
+        totals = flat[-3:].double().tolist()
+        loss_sum, nll_sum, ntokens = totals[0], totals[1], int(round(totals[2]))
+        if not math.isfinite(loss_sum):
+            raise TrainingDiverged(f"the training loss became {loss_sum} at update {self.progress.num_updates + 1}")
+        # loss normalised by the number of non-pad target tokens of the whole update
+        flat.narrow(0, 0, flat.numel() - 3).div_(max(ntokens, 1))
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p)
+            offset += n
+        gnorm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.clip_norm)) if self.cfg.clip_norm > 0 \
+            else float(torch.linalg.vector_norm(flat[:-3]))
+        if not math.isfinite(gnorm):
+            raise TrainingDiverged(f"the gradient norm became {gnorm} at update {self.progress.num_updates + 1}")
+        self.optimizer.step()
+        self.progress.num_updates += 1
+        return dict(loss=loss_sum / max(ntokens, 1), nll=nll_sum / max(ntokens, 1), ntokens=ntokens, gnorm=gnorm)
+
+    @torch.no_grad()
+    def validate(self) -> Optional[float]:
+        """Validation nll per target token (natural log), summed over all processes' shares."""
+        if self.valid_set is None:
+            return None
+        self.model.eval()
+        batches = batch_by_tokens(self.valid_set.src_lengths, self.valid_set.tgt_lengths, self.cfg.max_tokens,
+                                  max_sentences=self.cfg.max_sentences, shuffle=False)
+        sums = torch.zeros(2, dtype=torch.float64)
+        for b in batches[self.info.rank::self.info.world_size]:
+            batch = collate(self.valid_set, b).to(self.device)
+            with self._autocast():
+                logits, _ = self.model(batch.src_tokens, None, batch.prev_output_tokens, need_attn=False)
+            _, nll = label_smoothed_nll(logits, batch.target, 0.0)
+            sums += torch.tensor([float(nll), batch.ntokens], dtype=torch.float64)
+        all_reduce_sum(sums, self.info)
+        return float(sums[0] / sums[1])
+
+    # --- the loop ----------------------------------------------------------------------------
+    def _write_log(self, record: dict) -> None:
+        if self.info.is_main:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _after_validation(self, valid_nll: Optional[float], epochs_done: float) -> None:
+        p = self.progress
+        if valid_nll is not None:
+            improved = valid_nll < p.best_valid_nll * (1 - 1e-4) if math.isfinite(p.best_valid_nll) else True
+            if improved:
+                p.best_valid_nll = valid_nll
+            else:  # the paper: divide the learning rate by 10 whenever validation perplexity stops improving
+                p.lr *= self.cfg.lr_shrink
+                for group in self.optimizer.param_groups:
+                    group["lr"] = p.lr
+            self._write_log(dict(kind="valid", epoch=epochs_done, update=p.num_updates, valid_nll=valid_nll,
+                                 valid_ppl=perplexity(valid_nll), best_ppl=perplexity(p.best_valid_nll),
+                                 lr=p.lr, train_minutes=p.train_seconds / 60))
+            self.log(f"epoch {epochs_done:g} update {p.num_updates}: valid ppl {perplexity(valid_nll):.3f} "
+                     f"(best {perplexity(p.best_valid_nll):.3f}), lr {p.lr:g}, "
+                     f"{p.train_seconds / 60:.1f} min")
+            self.save("checkpoint_last.pt")
+            if improved:
+                self.save("checkpoint_best.pt")
+        else:
+            self.save("checkpoint_last.pt")
+
+    def _install_signal_handlers(self):
+        def handler(signum, frame):
+            self._stop_signal = signal.Signals(signum).name
+
+        previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                previous[sig] = signal.signal(sig, handler)
+            except ValueError:  # not the main thread
+                pass
+        return previous
+
+    def _done(self) -> Optional[str]:
+        c, p = self.cfg, self.progress
+        if p.lr < c.min_lr:
+            return f"learning rate {p.lr:g} fell below --min-lr {c.min_lr:g}"
+        if c.max_update and p.num_updates >= c.max_update:
+            return f"reached --max-update {c.max_update}"
+        if c.max_epoch and p.epoch > c.max_epoch:
+            return f"finished --max-epoch {c.max_epoch}"
+        if c.max_time_minutes and p.train_seconds >= c.max_time_minutes * 60:
+            return f"reached --max-time {c.max_time_minutes:g} min"
+        return None
+
+    def _snapshots(self) -> None:
+        p = self.progress
+        for m in self.cfg.snapshot_minutes:
+            if m not in p.snapshots_done and p.train_seconds >= m * 60:
+                p.snapshots_done.append(m)
+                self.save(f"checkpoint_{m:g}min.pt")
+                self.log(f"snapshot at {m:g} min: {self.save_dir / f'checkpoint_{m:g}min.pt'}")
+
+    def train(self, resume: bool = False, progress_bar: Optional[bool] = None) -> dict:
+        """Run until a stopping rule fires; returns a summary (reason, updates, best ppl)."""
+        from tqdm.auto import tqdm
+
+        c = self.cfg
+        last = self.save_dir / "checkpoint_last.pt"
+        if resume and last.is_file():
+            self.load(last)
+            self.log(f"resumed from {last}: epoch {self.progress.epoch}, update {self.progress.num_updates}")
+        elif resume:
+            self.log(f"no {last} yet: starting a new run")
+        elif last.is_file():
+            raise CheckpointError(f"{last} exists: pass --resume to continue that run, or choose another --save-dir")
+        n_params = sum(p.numel() for p in self.model.parameters())
+        self.log(f"{c.arch}: {n_params:,} parameters; {len(self.train_set)} training pairs; "
+                 f"{self.info.world_size} process(es) x update-freq {c.update_freq}; "
+                 f"{'bf16 autocast' if c.bf16 else 'fp32'} on {self.device}, {torch.get_num_threads()} threads")
+        previous = self._install_signal_handlers()
+        reason = self._done()
+        try:
+            while reason is None:
+                p = self.progress
+                groups = self.epoch_groups(p.epoch)
+                per_update = self.info.world_size * c.update_freq
+                bar = tqdm(total=len(groups), initial=p.next_group, desc=f"epoch {p.epoch}", unit="upd",
+                           disable=not self.info.is_main or (progress_bar is False)
+                           or (progress_bar is None and not sys.stderr.isatty()), leave=False)
+                window = dict(loss=0.0, nll=0.0, ntokens=0, t0=time.perf_counter(), n=0, gnorm=0.0)
+                while p.next_group < len(groups) and reason is None:
+                    t0 = time.perf_counter()
+                    stats = self.train_step(groups[p.next_group], p.epoch, p.next_group * per_update)
+                    p.next_group += 1
+                    p.train_seconds += time.perf_counter() - t0
+                    for k in ("loss", "nll", "gnorm"):
+                        window[k] += stats[k] * (stats["ntokens"] if k != "gnorm" else 1)
+                    window["ntokens"] += stats["ntokens"]
+                    window["n"] += 1
+                    tok_s = window["ntokens"] / max(time.perf_counter() - window["t0"], 1e-9)
+                    loss = window["loss"] / window["ntokens"]
+                    ppl = perplexity(window["nll"] / window["ntokens"])
+                    bar.set_postfix(loss=f"{loss:.3f}", ppl=f"{ppl:.2f}", tok_s=f"{tok_s:.0f}", lr=f"{p.lr:g}",
+                                    refresh=False)
+                    bar.update(1)
+                    if window["n"] >= c.log_interval:
+                        self._write_log(dict(kind="train", epoch=p.epoch, update=p.num_updates, loss=loss, ppl=ppl,
+                                             tok_s=tok_s, lr=p.lr, gnorm=window["gnorm"] / window["n"],
+                                             train_minutes=p.train_seconds / 60))
+                        window = dict(loss=0.0, nll=0.0, ntokens=0, t0=time.perf_counter(), n=0, gnorm=0.0)
+                    self._snapshots()
+                    if c.validate_interval_updates and p.num_updates % c.validate_interval_updates == 0:
+                        self._after_validation(self.validate(), p.epoch - 1 + p.next_group / len(groups))
+                    elif c.save_interval_updates and p.num_updates % c.save_interval_updates == 0:
+                        self.save("checkpoint_last.pt")
+                    reason = self._done() or (f"stopped by {self._stop_signal}" if self._stop_signal else None)
+                bar.close()
+                if p.next_group >= len(groups):  # epoch finished
+                    p.epoch += 1
+                    p.next_group = 0
+                    if not c.validate_interval_updates:
+                        self._after_validation(self.validate(), p.epoch - 1)
+                    reason = self._done() or reason
+            if reason and (reason.startswith("stopped") or reason.startswith("reached --max")):
+                self.save("checkpoint_last.pt")  # keep the exact position for --resume
+        finally:
+            for sig, h in previous.items():
+                signal.signal(sig, h)
+        self.log(f"done: {reason}; {self.progress.num_updates} updates, best valid ppl "
+                 f"{perplexity(self.progress.best_valid_nll):.3f}")
+        return dict(reason=reason, updates=self.progress.num_updates,
+                    best_valid_ppl=perplexity(self.progress.best_valid_nll), epoch=self.progress.epoch)
+
+
+def _as_tuple(obj):
+    """random.setstate needs tuples; checkpoints may hold lists."""
+    if isinstance(obj, (list, tuple)):
+        return tuple(_as_tuple(o) for o in obj)
+    return obj

@@ -1,0 +1,264 @@
+"""The trainer: paper recipe on a synthetic copy task, resumption, several processes, bad input."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import convs2s
+from convs2s import cli
+from convs2s.data import TokenDataset, write_data_folder
+from convs2s.dictionary import Dictionary
+from convs2s.fairseq_io import CheckpointError, read_checkpoint
+from convs2s.train import TRAIN_STATE_KEY, TrainConfig, Trainer, TrainingDiverged, label_smoothed_nll
+
+VOCAB = 12
+TINY = dict(encoder_embed_dim=64, decoder_embed_dim=64, decoder_out_embed_dim=64,
+            encoder_layers="[(64, 3)] * 3", decoder_layers="[(64, 3)] * 3", dropout=0.0)
+
+
+def random_sequences(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, 4 + VOCAB, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def make_copy_data(path, n_train, seed=0):
+    """A data folder whose targets copy the sources: tokens w0..w11."""
+    d = Dictionary([f"w{i}" for i in range(VOCAB)])
+    train, valid = random_sequences(n_train, seed), random_sequences(100, seed + 1)
+    write_data_folder(path, "src", "tgt", d, d, {"train": TokenDataset(train, train),
+                                                  "valid": TokenDataset(valid, valid)})
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def copy_data(tmp_path_factory):
+    return make_copy_data(tmp_path_factory.mktemp("copy") / "bin", 400)
+
+
+def tiny_config(data, save_dir, **kw):
+    overrides = dict(TINY, **kw.pop("model_overrides", {}))
+    defaults = dict(arch="fconv", model_overrides=overrides, max_tokens=500, log_interval=1, threads=1)
+    defaults.update(kw)
+    return TrainConfig(data=data, save_dir=str(save_dir), **defaults)
+
+
+def read_log(save_dir, kind="train"):
+    with open(os.path.join(save_dir, "train_log.jsonl"), encoding="utf-8") as f:
+        return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+def losses_by_update(save_dir):
+    """update -> loss; a re-done update (after a hard kill) must repeat its loss exactly."""
+    out = {}
+    for r in read_log(save_dir):
+        if r["update"] in out:
+            assert out[r["update"]] == r["loss"], f"update {r['update']} gave another loss after resuming"
+        out[r["update"]] = r["loss"]
+    return out
+
+
+QUIET = dict(log=lambda *a, **k: None)
+
+
+# --- pieces of the recipe ---------------------------------------------------------------------
+def test_label_smoothed_nll_matches_fairseq_formula():
+    torch.manual_seed(0)
+    V, eps = 7, 0.1
+    logits = torch.randn(2, 5, V, dtype=torch.float64)
+    target = torch.randint(4, V, (2, 5))
+    target[1, 3:] = 1  # padding
+    loss, nll = label_smoothed_nll(logits, target, eps)
+    lp = logits.log_softmax(-1)
+    want_loss = want_nll = 0.0
+    for b in range(2):
+        for t in range(5):
+            if target[b, t] == 1:
+                continue
+            y = target[b, t]
+            want_nll += -lp[b, t, y]
+            want_loss += -(1 - eps) * lp[b, t, y] - eps / (V - 1) * (lp[b, t].sum() - lp[b, t, y])
+    torch.testing.assert_close(nll.double(), torch.as_tensor(want_nll), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(loss.double(), torch.as_tensor(want_loss), rtol=1e-6, atol=1e-6)
+
+
+def test_torch_nesterov_sgd_equals_fairseq_nag_across_lr_changes():
+    """fairseq's NAG (velocity in parameter units, rescaled on lr changes) vs the optimiser we use."""
+    torch.manual_seed(0)
+    theta0 = torch.randn(10, dtype=torch.float64)
+    grads = [torch.randn(10, dtype=torch.float64) for _ in range(8)]
+    lrs = [0.25] * 3 + [0.025] * 3 + [0.0025] * 2
+    mu = 0.99
+    theta, buf, lr_old = theta0.clone(), torch.zeros(10, dtype=torch.float64), lrs[0]
+    for g, lr in zip(grads, lrs):
+        c = lr / lr_old
+        theta = theta + mu * mu * c * buf - (1 + mu) * lr * g
+        buf = mu * c * buf - lr * g
+        lr_old = lr
+    p = torch.nn.Parameter(theta0.clone())
+    opt = torch.optim.SGD([p], lr=lrs[0], momentum=mu, nesterov=True)
+    for g, lr in zip(grads, lrs):
+        opt.param_groups[0]["lr"] = lr
+        p.grad = g.clone()
+        opt.step()
+    torch.testing.assert_close(p.detach(), theta, rtol=1e-12, atol=1e-12)
+
+
+# --- learning ------------------------------------------------------------------------------
+def test_copy_task_reaches_near_zero_loss_and_decodes_held_out_inputs(tmp_path):
+    data = make_copy_data(tmp_path / "bin", 3000)
+    cfg = tiny_config(data, tmp_path / "ckpt", max_tokens=1000, max_update=170, log_interval=10,
+                      validate_interval_updates=85)
+    start = time.perf_counter()
+    summary = Trainer(cfg, **QUIET).train()
+    assert time.perf_counter() - start < 120  # "under a minute" on an idle 2-core machine
+    assert summary["reason"] == "reached --max-update 170"
+    assert read_log(tmp_path / "ckpt")[-1]["loss"] < 0.1
+    assert summary["best_valid_ppl"] < 1.05
+
+    # the written checkpoint is a fairseq checkpoint the generator reads
+    model, src_dict, tgt_dict = convs2s.load_fairseq(tmp_path / "ckpt" / "checkpoint_best.pt")
+    held_out = random_sequences(50, seed=99)
+    hyps = convs2s.greedy(model.eval(), held_out, max_len_b=12)
+    exact = sum(h["tokens"][:-1].tolist() == src for h, src in zip(hyps, held_out))
+    assert exact >= 45, f"greedy copied only {exact}/50 held-out inputs"
+
+    text = tmp_path / "in.txt"
+    text.write_text("\n".join(" ".join(src_dict[i] for i in s) for s in held_out[:10]) + "\n")
+    out = tmp_path / "out.txt"
+    assert cli.main(["translate", "--fairseq-checkpoint", str(tmp_path / "ckpt" / "checkpoint_best.pt"),
+                     "--input", str(text), "--output", str(out), "--beam", "5"]) == 0
+    copied = sum(a == b for a, b in zip(out.read_text().splitlines(), text.read_text().splitlines()))
+    assert copied >= 9
+
+
+# --- resumption --------------------------------------------------------------------------
+def test_stop_and_resume_equals_an_uninterrupted_run(copy_data, tmp_path):
+    kw = dict(max_tokens=300, validate_interval_updates=4, model_overrides=dict(dropout=0.2), label_smoothing=0.1)
+    Trainer(tiny_config(copy_data, tmp_path / "full", max_update=14, **kw), **QUIET).train()
+    Trainer(tiny_config(copy_data, tmp_path / "part", max_update=6, **kw), **QUIET).train()
+    state = read_checkpoint(tmp_path / "part" / "checkpoint_last.pt")[TRAIN_STATE_KEY]
+    assert state["progress"]["num_updates"] == 6
+    Trainer(tiny_config(copy_data, tmp_path / "part", max_update=14, **kw), **QUIET).train(resume=True)
+    full, part = losses_by_update(tmp_path / "full"), losses_by_update(tmp_path / "part")
+    assert sorted(full) == list(range(1, 15)) and full == part
+    assert [r["valid_nll"] for r in read_log(tmp_path / "full", "valid")] == \
+           [r["valid_nll"] for r in read_log(tmp_path / "part", "valid")]
+    a = read_checkpoint(tmp_path / "full" / "checkpoint_last.pt")["model"]
+    b = read_checkpoint(tmp_path / "part" / "checkpoint_last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _train_cmd(data, save_dir, *extra):
+    opts = [f"--model-option={k}={v}" for k, v in TINY.items() if k != "dropout"]
+    return [sys.executable, "-m", "convs2s", "train", data, "--save-dir", str(save_dir), "--arch", "fconv",
+            "--max-tokens", "300", "--log-interval", "1", "--threads", "1", "--dropout", "0.1", *opts, *extra]
+
+
+def _wait_for_updates(save_dir, n, proc, timeout=120):
+    log = os.path.join(save_dir, "train_log.jsonl")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(log) and len(read_log(save_dir)) >= n:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"training exited early: {proc.stderr.read().decode()}")
+        time.sleep(0.05)
+    pytest.fail("training made no progress")
+
+
+def test_hard_kill_then_resume_continues_the_same_loss_curve(copy_data, tmp_path):
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(copy_data, killed, "--save-interval", "1", "--max-update", "400"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait_for_updates(killed, 5, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = max(losses_by_update(killed))
+    target = done + 4
+    subprocess.run(_train_cmd(copy_data, killed, "--max-update", str(target), "--resume"), check=True,
+                   capture_output=True)
+    subprocess.run(_train_cmd(copy_data, tmp_path / "full", "--max-update", str(target)), check=True,
+                   capture_output=True)
+    assert losses_by_update(killed) == losses_by_update(tmp_path / "full")
+    assert sorted(losses_by_update(killed)) == list(range(1, target + 1))
+
+
+def test_sigterm_stops_after_the_update_and_keeps_the_position(copy_data, tmp_path):
+    save = tmp_path / "run"
+    proc = subprocess.Popen(_train_cmd(copy_data, save, "--max-update", "100000"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait_for_updates(save, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    state = read_checkpoint(save / "checkpoint_last.pt")[TRAIN_STATE_KEY]
+    assert state["progress"]["num_updates"] == max(losses_by_update(save))
+
+
+# --- several processes -------------------------------------------------------------------
+def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(copy_data, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "convs2s",
+         *_train_cmd(copy_data, tmp_path / "two", "--max-update", "6")[3:]],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    subprocess.run(_train_cmd(copy_data, tmp_path / "one", "--max-update", "6", "--update-freq", "2"),
+                   check=True, capture_output=True, env=env)
+    a = read_checkpoint(tmp_path / "two" / "checkpoint_last.pt")
+    b = read_checkpoint(tmp_path / "one" / "checkpoint_last.pt")
+    assert a[TRAIN_STATE_KEY]["world_size"] == 2 and b[TRAIN_STATE_KEY]["world_size"] == 1
+    for k in b["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5, msg=k)
+    la, lb = losses_by_update(tmp_path / "two"), losses_by_update(tmp_path / "one")
+    assert sorted(la) == sorted(lb) == list(range(1, 7))
+    for u in la:
+        assert math.isclose(la[u], lb[u], rel_tol=1e-4)
+    # the update changed the weights: the comparison is not between two untouched models
+    init = Trainer(tiny_config(copy_data, tmp_path / "init", model_overrides=dict(dropout=0.1)), **QUIET).model
+    assert not torch.equal(init.state_dict()["decoder.fc3.weight_v"], b["model"]["decoder.fc3.weight_v"])
+
+
+# --- bad input -----------------------------------------------------------------------------
+def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(copy_data, tmp_path):
+    trainer = Trainer(tiny_config(copy_data, tmp_path, max_update=50, save_interval_updates=1), **QUIET)
+    forward = trainer.model.forward
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        logits, attn = forward(*args, **kwargs)
+        return (logits * float("nan") if calls["n"] > 3 else logits), attn
+
+    trainer.model.forward = poisoned
+    with pytest.raises(TrainingDiverged, match="became nan at update 4"):
+        trainer.train()
+    ckpt = read_checkpoint(tmp_path / "checkpoint_last.pt")
+    assert ckpt[TRAIN_STATE_KEY]["progress"]["num_updates"] == 3
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def test_resume_refuses_corrupt_mismatched_or_unasked_checkpoints(copy_data, tmp_path):
+    Trainer(tiny_config(copy_data, tmp_path, max_update=2), **QUIET).train()
+    with pytest.raises(CheckpointError, match="pass --resume"):
+        Trainer(tiny_config(copy_data, tmp_path, max_update=4), **QUIET).train()
+    with pytest.raises(CheckpointError, match="max_tokens: checkpoint 500 vs now 400"):
+        Trainer(tiny_config(copy_data, tmp_path, max_update=4, max_tokens=400), **QUIET).train(resume=True)
+    path = tmp_path / "checkpoint_last.pt"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        Trainer(tiny_config(copy_data, tmp_path, max_update=4), **QUIET).train(resume=True)
+
+
+def test_cli_reports_bad_data_folders_and_options(tmp_path, capsys):
+    assert cli.main(["train", str(tmp_path), "--save-dir", str(tmp_path / "c")]) == 2
+    assert "data prepare" in capsys.readouterr().err
+    assert cli.main(["train", str(tmp_path), "--save-dir", str(tmp_path / "c"), "--model-option", "nonsense=1"]) == 2
+    assert "unknown model options ['nonsense']" in capsys.readouterr().err
