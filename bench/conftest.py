@@ -1,4 +1,4 @@
-"""Shared benchmark plumbing: machine info, thread count, and roofline numbers in extra_info."""
+"""Shared benchmark plumbing: machine info, measured peaks, availability checks."""
 
 import platform
 
@@ -7,25 +7,55 @@ import torch
 
 import convs2s_kernels as ck
 from convs2s_kernels.env import cpu_model
+from convs2s_kernels.roofline import measure_peaks
+
+from bench_utils import SMOKE
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
+    import convs2s
+
     machine_info["cpu_model"] = cpu_model()
     machine_info["torch_threads"] = torch.get_num_threads()
     machine_info["torch"] = torch.__version__
+    machine_info["convs2s"] = convs2s.__version__
     machine_info["convs2s_kernels"] = ck.__version__
     machine_info["backends"] = {k: v or "available" for k, v in ck.available_backends().items()}
     machine_info["python"] = platform.python_version()
+    try:
+        import triton
+
+        machine_info["triton"] = triton.__version__
+    except ImportError:
+        machine_info["triton"] = None
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         machine_info["gpu_name"] = p.name
         machine_info["gpu_cc"] = f"{p.major}.{p.minor}"
+        machine_info["cuda"] = torch.version.cuda
+        try:
+            machine_info["gpu_driver"] = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") \
+                else None
+        except Exception:  # noqa: BLE001 - informational only
+            machine_info["gpu_driver"] = None
+
+
+@pytest.fixture(scope="session")
+def device():
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(scope="session")
+def peaks(request, device):
+    """The GEMM peak per dtype and the copy bandwidth, measured once in this session."""
+    disabled = request.config.getoption("benchmark_disable", default=False)
+    return measure_peaks(device, small=SMOKE or disabled)
 
 
 @pytest.fixture
 def runnable():
-    def check(backend, op, *args):
-        why = ck.dispatch.reasons(backend, op, args[0].device, *args)
+    def check(backend, op, *args, **kwargs):
+        why = ck.dispatch.reasons(backend, op, args[0].device, *args, **kwargs)
         if why:
             pytest.skip(f"{backend} cannot run {op} here: {'; '.join(why)}")
 

@@ -11,26 +11,24 @@ import torch
 
 import convs2s_kernels as ck
 
-from bench_utils import record
+from bench_utils import DTYPES, record, run_timed, shapes
 
 # (rows N = batch x beam, C_in = C): one sentence greedy, one sentence beam 5, 32 sentences x beam 5.
-SHAPES = [pytest.param(n, c, id=f"N{n}_C{c}") for n in (1, 5, 160) for c in (512, 1024)]
-
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+SHAPES = [pytest.param(n, c, id=f"N{n}_C{c}")
+          for n, c in shapes(paper=[(n, c) for n in (1, 5, 160) for c in (512, 1024)], smoke=[(1, 16), (5, 16)])]
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("n,c", SHAPES)
 @pytest.mark.parametrize("backend", ["reference", "cpp", "triton"])
-def test_conv_step(benchmark, runnable, backend, n, c, dtype_name):
+def test_conv_step(benchmark, runnable, peaks, device, backend, n, c, dtype_name):
     dtype = DTYPES[dtype_name]  # a string parameter, so the JSON records it
     k = 3
-    x_t = torch.randn(n, c, dtype=dtype)
-    state = torch.randn(n, k - 1, c, dtype=dtype)
-    w = (torch.randn(k, c, 2 * c) / math.sqrt(k * c)).to(dtype)
-    b = torch.zeros(2 * c, dtype=dtype)
-    parents = torch.arange(n).flip(0)
+    x_t = torch.randn(n, c, dtype=dtype, device=device)
+    state = torch.randn(n, k - 1, c, dtype=dtype, device=device)
+    w = (torch.randn(k, c, 2 * c, device=device) / math.sqrt(k * c)).to(dtype)
+    b = (0.1 * torch.randn(2 * c, device=device)).to(dtype)
+    parents = torch.arange(n, device=device).flip(0)
     runnable(backend, "conv_step", x_t, state, w, b, parents)
     benchmark.group = f"conv_step N{n} C{c} {dtype_name}"
 
@@ -38,8 +36,8 @@ def test_conv_step(benchmark, runnable, backend, n, c, dtype_name):
         with torch.no_grad():
             return ck.conv_step(x_t, state, w, b, parents, backend=backend)
 
-    step()  # warm-up outside the rounds
-    benchmark(step)
+    run_timed(benchmark, step, device)
     elem = torch.tensor([], dtype=dtype).element_size()
     record(benchmark, flops=2.0 * n * k * c * 2 * c,
-           bytes_moved=elem * (w.numel() + b.numel() + 2 * state.numel() + x_t.numel() + n * c))
+           bytes_moved=elem * (w.numel() + b.numel() + 2 * state.numel() + x_t.numel() + n * c),
+           peaks=peaks, dtype_name=dtype_name)

@@ -1,8 +1,8 @@
 """Command line: ``python -m convs2s <command>`` (or the ``convs2s`` script).
 
 Commands:
-  demo       short beam-1 / beam-5 generation run of the paper's WMT'14 En-Fr architecture
-             (random weights, fixed seed, synthetic newstest-like source lengths), per backend.
+  bench      speed-table: the paper's generation-speed table (Table 3) per backend;
+             compare: pivot pytest-benchmark results across machines.
   translate  translate text (stdin or a file) with a fairseq fconv checkpoint.
   generate   translate a test set, print fairseq-style S-/H-/P-/A- lines and score it with sacrebleu.
   data       prepare a parallel corpus (cleaning, joint BPE, dictionaries) or fetch Multi30k.
@@ -47,45 +47,47 @@ def _int_list(text: str) -> List[int]:
     return values
 
 
-def cmd_demo(args) -> int:
-    import convs2s
-    import convs2s_kernels as ck
+def _name_list(text: str) -> List[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return values
 
-    avail = ck.available_backends()
-    backends = [b for b in args.backends.split(",") if b]
-    for b in backends:
-        if b not in avail:
-            print(f"error: unknown backend {b!r}; known: {', '.join(avail)}", file=sys.stderr)
-            return 2
-    torch.manual_seed(args.seed)
-    t0 = time.perf_counter()
-    model = convs2s.build_model(args.arch, args.vocab, args.vocab).eval()
-    build_s = time.perf_counter() - t0
-    print(f"{args.arch}: {model.num_parameters():,} parameters ({args.vocab} / {args.vocab} vocabularies, "
-          f"random weights, seed {args.seed}), built in {build_s:.1f} s; torch threads {torch.get_num_threads()}")
-    gen = torch.Generator().manual_seed(args.seed)
-    # Lengths near the newstest2012+2013 mean (22.95 tokens), a few sentences per length so that
-    # the paper's equal-length batching has something to batch.
-    lengths = [args.lengths[i % len(args.lengths)] for i in range(args.sentences)]
-    sources = [torch.randint(4, args.vocab, (L,), generator=gen).tolist() for L in lengths]
-    target = [int(round(1.1 * L)) for L in lengths]  # forced output length (random weights)
-    print(f"{len(sources)} sentences, source lengths {sorted(set(lengths))}, output forced to ~1.1x source length")
-    print(f"{'backend':<10} {'beam':>4} {'seconds':>8} {'sent/s':>7} {'tok/s':>7}")
-    for backend in backends:
-        if avail[backend] is not None:
-            print(f"{backend:<10} skipped: {avail[backend]}")
-            continue
-        model.use_backend(backend)
-        # warm-up outside the timing: first-call allocations and the cached weight-norm weights
-        convs2s.generate(model, sources[:1], beam=1, max_len_b=2)
-        for beam in args.beams:
-            t0 = time.perf_counter()
-            out = convs2s.generate(model, sources, beam=beam, max_len_a=1.2, max_len_b=10,
-                                   batch_size=args.batch_size, eos_suppress_until=target)
-            secs = time.perf_counter() - t0
-            toks = sum(len(h[0]["tokens"]) for h in out)
-            print(f"{backend:<10} {beam:>4} {secs:>8.2f} {len(out) / secs:>7.2f} {toks / secs:>7.1f}")
-    model.use_backend(None)
+
+def cmd_speed_table(args) -> int:
+    from .speed_table import SpeedTableError, format_table, run, write_json
+
+    if args.full and args.sentences is not None:
+        print("error: give either --full or --sentences", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        result = run(arch=args.arch, checkpoint=args.checkpoint, dicts=args.dicts, source=args.source,
+                     reference=args.reference, spm=args.spm,
+                     sentences=None if args.full else (args.sentences or 24), beams=args.beams,
+                     backends=args.backends, device=args.device,
+                     dtypes=sorted(args.dtype, key=lambda d: d != "fp32"), batch_size=args.batch_size,
+                     vocab=args.vocab, seed=args.seed, progress=args.progress or sys.stderr.isatty(),
+                     log=lambda msg: print(msg, file=sys.stderr))
+    except (SpeedTableError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(result))
+    if args.json:
+        write_json(result, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def cmd_bench_compare(args) -> int:
+    from .bench_compare import CompareError, compare
+
+    try:
+        print(compare(args.files, args.format))
+    except CompareError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -269,16 +271,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="convs2s", description="ConvS2S on fused kernels")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="short generation run of the paper's En-Fr architecture (random weights)")
-    demo.add_argument("--arch", default="fconv_wmt_en_fr")
-    demo.add_argument("--vocab", type=_positive_int, default=40000, help="source and target vocabulary size")
-    demo.add_argument("--sentences", type=_positive_int, default=8)
-    demo.add_argument("--lengths", type=_int_list, default=[21, 23], help="source lengths to cycle through")
-    demo.add_argument("--beams", type=_int_list, default=[1, 5])
-    demo.add_argument("--backends", default="reference,cpp", help="comma-separated backends to time")
-    demo.add_argument("--batch-size", type=_positive_int, default=128)
-    demo.add_argument("--seed", type=int, default=1)
-    demo.set_defaults(func=cmd_demo)
+    bench = sub.add_parser("bench", help="the paper's generation-speed table; compare benchmark results")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+    st = bsub.add_parser("speed-table", help="Table 3 of the paper: beam 1 / beam 5 generation time per backend")
+    st.add_argument("--arch", default="fconv_wmt_en_fr", help="architecture for random weights")
+    st.add_argument("--checkpoint", help="a fairseq fconv checkpoint instead of random weights")
+    st.add_argument("--dicts", help="folder with the checkpoint's dictionaries (default: beside it)")
+    st.add_argument("--source", help="tokenised source text, one sentence per line (default: synthetic "
+                                     "sentences with newstest2012+2013's length distribution)")
+    st.add_argument("--reference", help="reference translations: report BLEU (needs --checkpoint)")
+    st.add_argument("--spm", help="sentencepiece model for --source and the output (with --checkpoint)")
+    st.add_argument("--sentences", type=_positive_int, default=None,
+                    help="first N sentences of a fixed shuffled order (default 24)")
+    st.add_argument("--full", action="store_true", help="all sentences (6003 for newstest)")
+    st.add_argument("--beams", type=_int_list, default=[1, 5])
+    st.add_argument("--backends", type=_name_list, default=None,
+                    help="comma-separated (default: every backend available on the device)")
+    st.add_argument("--device", default="cpu")
+    st.add_argument("--dtype", type=_name_list, default=["fp32"], help="fp32, bf16 or both (comma-separated)")
+    st.add_argument("--batch-size", type=_positive_int, default=128)
+    st.add_argument("--vocab", type=_positive_int, default=40000, help="vocabulary size for random weights")
+    st.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads (0: default)")
+    st.add_argument("--seed", type=int, default=1)
+    st.add_argument("--json", help="also write the numbers here")
+    st.add_argument("--progress", action="store_true", help="show progress bars even when stderr is no terminal")
+    st.set_defaults(func=cmd_speed_table)
+    cmp_p = bsub.add_parser("compare", help="pivot pytest-benchmark JSON files into one table across machines")
+    cmp_p.add_argument("files", nargs="+")
+    cmp_p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
+    cmp_p.set_defaults(func=cmd_bench_compare)
 
     tr = sub.add_parser("translate", help="translate text with a fairseq fconv checkpoint")
     _add_generation_options(tr)

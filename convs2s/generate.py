@@ -74,7 +74,7 @@ def generate(
     max_tokens: Optional[int] = None,
     return_attention: bool = False,
     progress: bool = False,
-    eos_suppress_until: Optional[Sequence[int]] = None,
+    forced_length: Optional[Sequence[int]] = None,
 ) -> List[List[dict]]:
     """Translate ``sources`` (token-id lists without EOS) with beam search.
 
@@ -83,8 +83,9 @@ def generate(
     ``return_attention`` ``attention`` (S x T_hyp, layer-averaged, over the unpadded source
     incl. EOS) and ``alignment`` (argmax source position per target token).
 
-    ``eos_suppress_until`` (per source) forbids EOS before that many target tokens, used by the
-    speed benchmark to force realistic output lengths from random weights.
+    ``forced_length`` (per source) makes every hypothesis exactly that many tokens before EOS
+    (within ``max_len``): the speed benchmark uses it so that random weights do the work of a
+    real translation.
     """
     if beam < 1 or nbest < 1 or nbest > beam:
         raise ValueError(f"need 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
@@ -106,8 +107,8 @@ def generate(
         for idx in batches:
             src = torch.tensor([srcs[i] for i in idx], dtype=torch.long, device=device)
             forced = None
-            if eos_suppress_until is not None:
-                forced = torch.tensor([int(eos_suppress_until[i]) for i in idx], device=device)
+            if forced_length is not None:
+                forced = torch.tensor([int(forced_length[i]) for i in idx], device=device)
             hypos = _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen,
                                  return_attention, forced)
             for i, h in zip(idx, hypos):
@@ -157,7 +158,13 @@ def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen
         elif step < min_len:
             lprobs[:, EOS] = float("-inf")
         if forced_len is not None and step < max_len:
-            lprobs[(step < forced_len[sent_ids]).repeat_interleave(k), EOS] = float("-inf")
+            rows_len = forced_len[sent_ids].repeat_interleave(k)
+            lprobs[step < rows_len, EOS] = float("-inf")
+            at_length = step == rows_len  # end exactly there: only EOS stays possible
+            if bool(at_length.any()):
+                eos_col = lprobs[at_length, EOS]
+                lprobs[at_length] = float("-inf")
+                lprobs[at_length, EOS] = eos_col
         if attn is not None and step_attn is not None:
             attn[:, :, step + 1].copy_(step_attn)
 

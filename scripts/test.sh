@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 PY=${PYTHON:-python3}
 # benchmarks as a smoke test (no timing), then the test suite
-"$PY" -m pytest bench --benchmark-disable -q -p no:cacheprovider
+CONVS2S_BENCH_SMOKE=1 "$PY" -m pytest bench --benchmark-disable -q -p no:cacheprovider
 "$PY" -m pytest tests -m "not gpu" "$@"

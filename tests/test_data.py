@@ -185,3 +185,20 @@ def test_corrupt_dataset_file_is_reported(tmp_path):
         folder.load_split("valid")
     with pytest.raises(FileNotFoundError, match="data prepare"):
         open_data_folder(tmp_path)
+
+
+def test_multi30k_fetch_from_a_local_mirror(tmp_path):
+    from conftest import SHARED, require_shared
+
+    from convs2s.multi30k import download
+
+    mirror = require_shared(SHARED / "data" / "multi30k")
+    files = download(tmp_path / "m30k", ["en", "de"], splits=["val"], mirror=str(mirror), log=lambda *a: None)
+    assert [f.name for f in files] == ["val.en.gz", "val.de.gz"]
+    pairs = read_parallel(*files)
+    assert len(pairs) == 1014 and all(s and t for s, t in pairs)
+    with pytest.raises(DataError, match="no language 'xx'"):
+        download(tmp_path / "m30k", ["xx"], mirror=str(mirror))
+    with pytest.raises(DataError, match="could not fetch"):
+        download(tmp_path / "other", ["en"], splits=["val"], mirror=str(tmp_path / "empty"), log=lambda *a: None)
+    assert not list((tmp_path / "other").iterdir())  # nothing half-written left behind

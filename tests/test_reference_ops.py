@@ -161,3 +161,22 @@ def test_reference_ops_gradcheck():
     q, z, y = (torch.randn(2, n, 4, dtype=DT, requires_grad=True) for n in (3, 5, 5))
     lengths = torch.tensor([2, 5])
     assert torch.autograd.gradcheck(lambda q, z, y: attention_embsum_ref(q, z, y, lengths), (q, z, y))
+
+
+def test_ops_follow_autocast_like_pytorch_layers():
+    """Under bf16 autocast the ops cast their inputs as F.conv1d / matmul would (mixed fp32
+    weights and bf16 activations), and still match the reference on the cast inputs."""
+    import convs2s_kernels as ck
+    from convs2s_kernels.reference import attention_embsum_ref, conv_glu_ref
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8)
+    w = torch.randn(3, 8, 12) / 5
+    b = torch.randn(12)
+    res = torch.randn(2, 5, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ck.conv_glu(x.bfloat16(), w, b, causal=True, residual=res, scale=0.5, backend="reference")
+        ctx = ck.attention_embsum(torch.randn(2, 3, 8).bfloat16(), x, x, torch.tensor([5, 3]), backend="reference")
+    assert out.dtype == torch.bfloat16 and ctx.dtype == torch.bfloat16
+    want = conv_glu_ref(x.bfloat16(), w.bfloat16(), b.bfloat16(), causal=True, residual=res.bfloat16(), scale=0.5)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)

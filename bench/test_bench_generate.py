@@ -1,0 +1,63 @@
+"""Whole-model generation (encoder + incremental beam search) per backend, beam and dtype.
+
+Paper shape: the WMT'14 En-Fr model (``fconv_wmt_en_fr``, 40K vocabularies, random weights with a
+fixed seed) translating one batch of 8 equal-length sentences of 23 tokens (newstest's mean),
+output forced to 25 tokens, so every backend does the same work. The extra_info holds the
+generation's FLOPs and its fraction of the GEMM peak measured in the same session.
+"""
+
+import pytest
+import torch
+
+import convs2s
+from convs2s.speed_table import generation_flops
+
+from bench_utils import DTYPES, SMOKE, record, shapes
+
+ARCH, VOCAB, SENTENCES, LENGTH = shapes(paper=("fconv_wmt_en_fr", 40000, 8, 23), smoke=("fconv_iwslt_de_en", 64, 2, 4))
+FORCED = round(1.1 * LENGTH)
+
+
+@pytest.fixture(scope="module")
+def models(device):
+    torch.manual_seed(1)
+    fp32 = convs2s.build_model(ARCH, VOCAB, VOCAB).fold_weight_norm().eval().to(device)
+    cache = {"fp32": fp32}
+
+    def get(dtype_name):
+        if dtype_name not in cache:
+            cache[dtype_name] = convs2s.build_model(ARCH, VOCAB, VOCAB).fold_weight_norm().eval().to(device)
+            cache[dtype_name].load_state_dict(fp32.state_dict())
+            cache[dtype_name].to(DTYPES[dtype_name])
+        return cache[dtype_name]
+
+    return get
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("beam", [1, 5])
+@pytest.mark.parametrize("backend", ["reference", "cpp", "triton"])
+def test_generate(benchmark, runnable, peaks, device, models, backend, beam, dtype_name):
+    model = models(dtype_name)
+    x = torch.zeros(1, 1, 8, device=device, dtype=DTYPES[dtype_name])
+    runnable(backend, "conv_step", x[0], x.expand(1, 2, 8), torch.zeros(3, 8, 16, device=device, dtype=x.dtype))
+    g = torch.Generator().manual_seed(2)
+    sources = [torch.randint(4, VOCAB, (LENGTH,), generator=g).tolist() for _ in range(SENTENCES)]
+    model.use_backend(backend)
+    benchmark.group = f"generate {ARCH} {SENTENCES}x{LENGTH} tokens beam {beam} {dtype_name}"
+
+    def run():
+        return convs2s.generate(model, sources, beam=beam, max_len_a=1.2, max_len_b=10,
+                                forced_length=[FORCED] * SENTENCES)
+
+    try:
+        hyps = run()  # warm-up outside the rounds
+        benchmark.pedantic(run, rounds=1 if SMOKE else 3, iterations=1)
+    finally:
+        model.use_backend(None)
+    tokens = [len(h[0]["tokens"]) for h in hyps]
+    assert tokens == [FORCED + 1] * SENTENCES  # the forced length held: equal work for every backend
+    benchmark.extra_info["target_tokens"] = sum(tokens)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    record(benchmark, flops=generation_flops(model, [LENGTH] * SENTENCES, tokens, beam),
+           bytes_moved=weights * (FORCED + 1), peaks=peaks, dtype_name=dtype_name)

@@ -1,0 +1,57 @@
+"""The machine's own limits, measured: a large GEMM (peak FLOP/s per dtype) and a large copy
+(memory bandwidth), so benchmark figures can be read as fractions of what the device can do."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, Iterable
+
+import torch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _best_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    fn()  # warm-up: allocation, library dispatch, clocks
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def gemm_peak_gflops(device="cpu", dtype=torch.float32, n: int = 2048, repeats: int = 5) -> float:
+    """Best-of-``repeats`` GFLOP/s of an ``n^3`` matmul (fp32 accumulation for reduced precision)."""
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    secs = _best_seconds(lambda: torch.mm(a, b, out=out), device, repeats)
+    return 2.0 * n ** 3 / secs / 1e9
+
+
+def copy_peak_gbps(device="cpu", megabytes: int = 256, repeats: int = 5) -> float:
+    """Best-of-``repeats`` GB/s of a large tensor copy (bytes read + bytes written)."""
+    device = torch.device(device)
+    n = megabytes * (1 << 20) // 4
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    secs = _best_seconds(lambda: dst.copy_(src), device, repeats)
+    return 2.0 * src.numel() * 4 / secs / 1e9
+
+
+def measure_peaks(device="cpu", dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16),
+                  small: bool = False) -> Dict[str, float]:
+    """``{"gemm_gflops_fp32": ..., "gemm_gflops_bf16": ..., "copy_gbps": ...}``; ``small`` for smoke runs."""
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+    n, mb, reps = (256, 8, 1) if small else (2048, 256, 5)
+    peaks = {f"gemm_gflops_{names[d]}": gemm_peak_gflops(device, d, n, reps) for d in dtypes}
+    peaks["copy_gbps"] = copy_peak_gbps(device, mb, reps)
+    peaks["peak_threads"] = torch.get_num_threads()
+    return peaks
