@@ -7,9 +7,10 @@ is missing, :func:`convs2s_kernels.available_backends` reports why.
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
+from torch import Tensor
 
 from .dispatch import register, set_availability
 
@@ -37,15 +38,72 @@ def unavailable_reason() -> Optional[str]:
 set_availability("cpp", unavailable_reason)
 
 
-def _dtype_and_grad_reasons(op: str, *tensors) -> List[str]:
+def _dtype_and_grad_reasons(op: str, *tensors, has_backward: bool = False) -> List[str]:
     present = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()]
     why = []
     dtype = present[0].dtype
     if dtype not in _SUPPORTED_DTYPES:
         why.append(f"cpp {op} supports {', '.join(str(d) for d in _SUPPORTED_DTYPES)}, got {dtype}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
+    if not has_backward and torch.is_grad_enabled() and any(t.requires_grad for t in present):
         why.append(f"cpp {op} has no backward yet; inputs require grad")
     return why
+
+
+# --- conv + GLU: custom ops (so torch.compile sees through them) with an autograd formula ------
+@torch.library.custom_op("convs2s::conv_glu_cpu", mutates_args=())
+def _conv_glu_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
+                 pad_mask: Optional[Tensor], causal: bool, scale: float) -> Tuple[Tensor, Tensor]:
+    out, pre = _C.conv_glu_forward(x, weight, bias, residual, pad_mask, causal, scale)
+    return out, pre
+
+
+@_conv_glu_op.register_fake
+def _(x, weight, bias, residual, pad_mask, causal, scale):
+    B, T, _ = x.shape
+    return x.new_empty(B, T, weight.shape[2] // 2), x.new_empty(B * T, weight.shape[2])
+
+
+@torch.library.custom_op("convs2s::conv_glu_cpu_backward", mutates_args=())
+def _conv_glu_backward_op(dout: Tensor, x: Tensor, weight: Tensor, pre: Tensor, pad_mask: Optional[Tensor],
+                          causal: bool, scale: float, need_residual_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    dx, dw, db, dres = _C.conv_glu_backward(dout, x, weight, pre, pad_mask, causal, scale, need_residual_grad)
+    return dx, dw, db, dres if dres is not None else x.new_empty(0)
+
+
+@_conv_glu_backward_op.register_fake
+def _(dout, x, weight, pre, pad_mask, causal, scale, need_residual_grad):
+    dres = torch.empty_like(dout) if need_residual_grad else x.new_empty(0)
+    return torch.empty_like(x), torch.empty_like(weight), weight.new_empty(weight.shape[2]), dres
+
+
+def _conv_glu_setup(ctx, inputs, output):
+    x, weight, bias, residual, pad_mask, causal, scale = inputs
+    ctx.save_for_backward(x, weight, output[1], pad_mask)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.has_bias, ctx.has_residual = bias is not None, residual is not None
+
+
+def _conv_glu_backward(ctx, dout, _dpre):
+    x, weight, pre, pad_mask = ctx.saved_tensors
+    dx, dw, db, dres = _conv_glu_backward_op(dout.contiguous(), x, weight, pre, pad_mask, ctx.causal, ctx.scale,
+                                             ctx.has_residual and ctx.needs_input_grad[3])
+    return dx, dw, db if ctx.has_bias else None, dres if dres.numel() else None, None, None, None
+
+
+_conv_glu_op.register_autograd(_conv_glu_backward, setup_context=_conv_glu_setup)
+
+
+def _conv_glu_check(x, weight, bias=None, *, causal, residual=None, scale=None, pad_mask=None) -> List[str]:
+    return _dtype_and_grad_reasons("conv_glu", x, weight, bias, residual, has_backward=True)
+
+
+@register("cpp", "conv_glu", check=_conv_glu_check)
+def conv_glu_cpp(x, weight, bias=None, *, causal, residual=None, scale=None, pad_mask=None):
+    out, _ = _conv_glu_op(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
+                          None if residual is None else residual.contiguous(),
+                          None if pad_mask is None else pad_mask.contiguous(), bool(causal),
+                          1.0 if scale is None else float(scale))
+    return out
 
 
 def _conv_step_check(x_t, state, weight, bias=None, beam_index=None) -> List[str]:

@@ -7,6 +7,13 @@ namespace convs2s {
 std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
                                           const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                           const c10::optional<at::Tensor>& beam_index);
+std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& weight,
+                                         const c10::optional<at::Tensor>& bias,
+                                         const c10::optional<at::Tensor>& residual,
+                                         const c10::optional<at::Tensor>& pad_mask, bool causal, double scale);
+std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tensor& x, const at::Tensor& weight,
+                                          const at::Tensor& pre, const c10::optional<at::Tensor>& pad_mask,
+                                          bool causal, double scale, bool need_residual_grad);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -15,4 +22,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "reorder + shift + append + causal conv step + GLU; returns (out, new_state)",
         py::arg("x_t"), py::arg("state"), py::arg("weight"), py::arg("bias") = py::none(),
         py::arg("beam_index") = py::none());
+  m.def("conv_glu_forward", &convs2s::conv_glu_forward,
+        "conv (causal or centred) + bias + GLU + residual + scale; returns (out, pre)", py::arg("x"),
+        py::arg("weight"), py::arg("bias"), py::arg("residual"), py::arg("pad_mask"), py::arg("causal"),
+        py::arg("scale"));
+  m.def("conv_glu_backward", &convs2s::conv_glu_backward,
+        "gradients of conv_glu_forward: (dx, dweight, dbias, dresidual)", py::arg("dout"), py::arg("x"),
+        py::arg("weight"), py::arg("pre"), py::arg("pad_mask"), py::arg("causal"), py::arg("scale"),
+        py::arg("need_residual_grad"));
 }

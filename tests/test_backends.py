@@ -91,3 +91,90 @@ def test_conv_step_chained_steps_equal_causal_conv(backend):
     for t in range(T):
         out, state = ck.conv_step(x[:, t], state, w, b, backend=backend)
         assert_close("conv_step", out, full[:, t], what=f"step {t}")
+
+
+# --- conv + GLU, forward and backward ---------------------------------------------------------
+GRAD_RTOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 3e-2}  # relative L2 error of grads
+
+
+def conv_inputs(B, T, c_in, c_out, k, dtype, requires_grad=False):
+    g = dict(dtype=dtype)
+    x = torch.randn(B, T, c_in, **g)
+    w = (torch.randn(k, c_in, 2 * c_out) / math.sqrt(k * c_in)).to(dtype)
+    b = (0.1 * torch.randn(2 * c_out)).to(dtype)
+    res = torch.randn(B, T, c_out, **g)
+    return [t.requires_grad_(requires_grad) for t in (x, w, b, res)]
+
+
+CONV_CASES = [
+    pytest.param(2, 7, 16, 8, 3, True, id="causal_k3"),
+    pytest.param(3, 5, 13, 7, 3, False, id="centred_k3_odd_C"),
+    pytest.param(2, 6, 12, 10, 4, False, id="centred_even_k4"),
+    pytest.param(2, 4, 9, 9, 1, True, id="k1"),
+    pytest.param(1, 2, 8, 4, 5, True, id="k_longer_than_T"),
+]
+
+
+def _relative_error(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_extras", [True, False], ids=["bias_res_scale_mask", "plain"])
+@pytest.mark.parametrize("B,T,c_in,c_out,k,causal", CONV_CASES)
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_conv_glu_forward_and_backward_match_reference(backend, B, T, c_in, c_out, k, causal, with_extras, dtype):
+    x, w, b, res = conv_inputs(B, T, c_in, c_out, k, dtype, requires_grad=True)
+    mask = None
+    if with_extras:
+        mask = torch.zeros(B, T, dtype=torch.bool)
+        mask[-1, : T // 2] = True  # left padding of the last row, as the encoder sees it
+    kw = dict(causal=causal, residual=res if with_extras else None, scale=math.sqrt(0.5) if with_extras else None,
+              pad_mask=mask)
+    bias = b if with_extras else None
+    runnable(backend, "conv_glu", x, w, bias, **kw)
+    out = ck.conv_glu(x, w, bias, backend=backend, **kw)
+    ref_inputs = [t.detach().double().requires_grad_() for t in (x, w, b, res)]
+    ref_kw = dict(kw, residual=ref_inputs[3] if with_extras else None)
+    want = reference.conv_glu_ref(ref_inputs[0], ref_inputs[1], ref_inputs[2] if with_extras else None, **ref_kw)
+    assert out.dtype == dtype and not torch.isnan(out).any()
+    assert_close("conv_glu", out, want)
+    dout = torch.randn_like(want)
+    leaves = [x, w] + ([b, res] if with_extras else [])
+    grads = torch.autograd.grad(out, leaves, dout.to(dtype))
+    want_grads = torch.autograd.grad(want, ref_inputs[:2] + (ref_inputs[2:] if with_extras else []), dout)
+    for name, g, wg in zip(["x", "weight", "bias", "residual"], grads, want_grads):
+        assert g.dtype == dtype and g.shape == wg.shape
+        assert _relative_error(g, wg) < GRAD_RTOL[dtype], f"grad of {name}: relative error {_relative_error(g, wg)}"
+    if mask is not None:
+        assert torch.all(grads[0][mask] == 0), "padded input steps get no gradient"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_conv_glu_gradcheck_float64(backend, causal):
+    x, w, b, res = conv_inputs(2, 5, 6, 4, 3, torch.float64, requires_grad=True)
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[1, :2] = True
+    runnable(backend, "conv_glu", x, w, b, causal=causal, residual=res, scale=0.7, pad_mask=mask)
+    fn = lambda x, w, b, r: ck.conv_glu(x, w, b, causal=causal, residual=r, scale=0.7, pad_mask=mask,
+                                        backend=backend)
+    assert torch.autograd.gradcheck(fn, (x, w, b, res))
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_conv_glu_strided_input(backend):
+    big = torch.randn(2, 6, 20)
+    x = big[:, :, 3:15]  # last dim contiguous, rows strided
+    _, w, b, res = conv_inputs(2, 6, 12, 5, 3, torch.float32)
+    runnable(backend, "conv_glu", x, w, b, causal=True, residual=res, scale=0.5)
+    out = ck.conv_glu(x, w, b, causal=True, residual=res, scale=0.5, backend=backend)
+    assert_close("conv_glu", out, reference.conv_glu_ref(x, w, b, causal=True, residual=res, scale=0.5))
+
+
+def test_cpp_conv_glu_traces_under_torch_compile():
+    x, w, b, res = conv_inputs(2, 5, 8, 4, 3, torch.float32)
+    runnable("cpp", "conv_glu", x, w, b, causal=True, residual=res, scale=0.5)
+    fn = lambda x: ck.conv_glu(x, w, b, causal=True, residual=res, scale=0.5, backend="cpp") * 2
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), fn(x))
