@@ -114,3 +114,56 @@ def _conv_step_check(x_t, state, weight, bias=None, beam_index=None) -> List[str
 def conv_step_cpp(x_t, state, weight, bias=None, beam_index=None):
     out, new_state = _C.conv_step_forward(x_t, state, weight.contiguous(), bias, beam_index)
     return out, new_state
+
+
+# --- attention with the embedding sum ----------------------------------------------------------
+@torch.library.custom_op("convs2s::attention_embsum_cpu", mutates_args=())
+def _attention_op(q: Tensor, z: Tensor, y: Tensor, src_lengths: Optional[Tensor], left_pad: bool) -> Tuple[Tensor, Tensor]:
+    ctx, p_scaled = _C.attention_forward(q, z, y, src_lengths, left_pad)
+    return ctx, p_scaled
+
+
+@_attention_op.register_fake
+def _(q, z, y, src_lengths, left_pad):
+    B, T, E = q.shape
+    return q.new_empty(B, T, E), q.new_empty(B, T, z.shape[1])
+
+
+@torch.library.custom_op("convs2s::attention_embsum_cpu_backward", mutates_args=())
+def _attention_backward_op(dctx: Tensor, q: Tensor, z: Tensor, y: Tensor, p_scaled: Tensor,
+                           src_lengths: Optional[Tensor], left_pad: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    dq, dz, dy = _C.attention_backward(dctx, q, z, y, p_scaled, src_lengths, left_pad)
+    return dq, dz, dy
+
+
+@_attention_backward_op.register_fake
+def _(dctx, q, z, y, p_scaled, src_lengths, left_pad):
+    return torch.empty_like(q), torch.empty_like(z), torch.empty_like(y)
+
+
+def _attention_setup(ctx, inputs, output):
+    q, z, y, src_lengths, left_pad = inputs
+    ctx.save_for_backward(q, z, y, output[1], src_lengths)
+    ctx.left_pad = left_pad
+
+
+def _attention_backward(ctx, dctx, _dp):
+    q, z, y, p_scaled, src_lengths = ctx.saved_tensors
+    dq, dz, dy = _attention_backward_op(dctx.contiguous(), q, z, y, p_scaled, src_lengths, ctx.left_pad)
+    return dq, dz, dy, None, None
+
+
+_attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
+
+
+def _attention_check(q, z, y, src_lengths=None, *, left_pad=True, return_attn=False) -> List[str]:
+    return _dtype_and_grad_reasons("attention_embsum", q, z, y, has_backward=True)
+
+
+@register("cpp", "attention_embsum", check=_attention_check)
+def attention_embsum_cpp(q, z, y, src_lengths=None, *, left_pad=True, return_attn=False):
+    ctx, p_scaled = _attention_op(q.contiguous(), z.contiguous(), y.contiguous(), src_lengths, bool(left_pad))
+    if not return_attn:
+        return ctx
+    n = src_lengths if src_lengths is not None else torch.full((q.shape[0],), z.shape[1], device=q.device)
+    return ctx, p_scaled / n.to(p_scaled.dtype).sqrt().view(-1, 1, 1)

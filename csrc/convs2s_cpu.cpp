@@ -14,6 +14,11 @@ std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& 
 std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tensor& x, const at::Tensor& weight,
                                           const at::Tensor& pre, const c10::optional<at::Tensor>& pad_mask,
                                           bool causal, double scale, bool need_residual_grad);
+std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& z, const at::Tensor& y,
+                                          const c10::optional<at::Tensor>& src_lengths, bool left_pad);
+std::vector<at::Tensor> attention_backward(const at::Tensor& dctx, const at::Tensor& q, const at::Tensor& z,
+                                           const at::Tensor& y, const at::Tensor& p_scaled,
+                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -30,4 +35,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "gradients of conv_glu_forward: (dx, dweight, dbias, dresidual)", py::arg("dout"), py::arg("x"),
         py::arg("weight"), py::arg("pre"), py::arg("pad_mask"), py::arg("causal"), py::arg("scale"),
         py::arg("need_residual_grad"));
+  m.def("attention_forward", &convs2s::attention_forward,
+        "sqrt(s) * softmax(q z^T) y over valid source steps; returns (context, p_scaled)", py::arg("q"),
+        py::arg("z"), py::arg("y"), py::arg("src_lengths"), py::arg("left_pad"));
+  m.def("attention_backward", &convs2s::attention_backward, "gradients of attention_forward: (dq, dz, dy)",
+        py::arg("dctx"), py::arg("q"), py::arg("z"), py::arg("y"), py::arg("p_scaled"), py::arg("src_lengths"),
+        py::arg("left_pad"));
 }

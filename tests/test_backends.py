@@ -178,3 +178,54 @@ def test_cpp_conv_glu_traces_under_torch_compile():
     fn = lambda x: ck.conv_glu(x, w, b, causal=True, residual=res, scale=0.5, backend="cpp") * 2
     compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), fn(x))
+
+
+# --- attention with the embedding sum, forward and backward ----------------------------------
+ATTN_CASES = [
+    pytest.param(3, 4, 6, 8, True, id="train_left_pad"),
+    pytest.param(2, 5, 7, 5, False, id="right_pad_odd_E"),
+    pytest.param(6, 1, 9, 16, True, id="decode_one_query"),
+    pytest.param(2, 3, 1, 4, True, id="single_source_step"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_lengths", [True, False], ids=["lengths", "no_padding"])
+@pytest.mark.parametrize("B,T,S,E,left_pad", ATTN_CASES)
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_attention_forward_and_backward_match_reference(backend, B, T, S, E, left_pad, with_lengths, dtype):
+    q, z, y = (torch.randn(B, n, E, dtype=dtype, requires_grad=True) for n in (T, S, S))
+    lengths = torch.randint(1, S + 1, (B,)) if with_lengths else None
+    if with_lengths:
+        lengths[0] = S  # one unpadded row
+    runnable(backend, "attention_embsum", q, z, y, lengths)
+    ctx, attn = ck.attention_embsum(q, z, y, lengths, left_pad=left_pad, return_attn=True, backend=backend)
+    rq, rz, ry = (t.detach().double().requires_grad_() for t in (q, z, y))
+    want_ctx, want_attn = reference.attention_embsum_ref(rq, rz, ry, lengths, left_pad=left_pad, return_attn=True)
+    assert ctx.dtype == dtype and attn.dtype == dtype
+    assert_close("attention_embsum", ctx, want_ctx)
+    assert_close("attention_embsum", attn, want_attn, what="attention probabilities")
+    if with_lengths:
+        pad = reference.source_key_mask(lengths, S, left_pad)
+        assert torch.all(attn.transpose(0, 1)[:, pad] == 0), "padded source steps get no attention"
+    dctx = torch.randn_like(want_ctx)
+    grads = torch.autograd.grad(ctx, (q, z, y), dctx.to(dtype))
+    want = torch.autograd.grad(want_ctx, (rq, rz, ry), dctx)
+    for name, g, w in zip("qzy", grads, want):
+        assert _relative_error(g, w) < GRAD_RTOL[dtype], f"grad of {name}: relative error {_relative_error(g, w)}"
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_attention_gradcheck_float64(backend):
+    q, z, y = (torch.randn(2, n, 5, dtype=torch.float64, requires_grad=True) for n in (3, 4, 4))
+    lengths = torch.tensor([4, 2])
+    runnable(backend, "attention_embsum", q, z, y, lengths)
+    assert torch.autograd.gradcheck(lambda q, z, y: ck.attention_embsum(q, z, y, lengths, backend=backend), (q, z, y))
+
+
+def test_cpp_attention_traces_under_torch_compile():
+    q, z, y = (torch.randn(2, n, 8) for n in (3, 5, 5))
+    lengths = torch.tensor([5, 3])
+    runnable("cpp", "attention_embsum", q, z, y, lengths)
+    fn = lambda q: ck.attention_embsum(q, z, y, lengths, backend="cpp") + 1
+    torch.testing.assert_close(torch.compile(fn, backend="aot_eager", fullgraph=True)(q), fn(q))
