@@ -67,7 +67,8 @@ def cmd_speed_table(args) -> int:
                      reference=args.reference, spm=args.spm,
                      sentences=None if args.full else (args.sentences or 16), beams=args.beams,
                      backends=args.backends, device=args.device,
-                     dtypes=sorted(args.dtype, key=lambda d: d != "fp32"), batch_size=args.batch_size,
+                     dtypes=sorted(args.dtype, key=lambda d: d != "fp32"), decoders=args.decoders,
+                     batch_size=args.batch_size,
                      vocab=args.vocab, seed=args.seed, progress=args.progress or sys.stderr.isatty(),
                      log=lambda msg: print(msg, file=sys.stderr))
     except (SpeedTableError, ValueError) as exc:
@@ -110,7 +111,8 @@ def _load_for_translation(args):
 
 def _gen_kwargs(args):
     return dict(beam=args.beam, nbest=args.nbest, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-                min_len=args.min_len, lenpen=args.lenpen, unkpen=args.unkpen, batch_size=args.batch_size)
+                min_len=args.min_len, lenpen=args.lenpen, unkpen=args.unkpen, batch_size=args.batch_size,
+                fold_attention=args.fold_attention)
 
 
 def _run_translation(args, consume) -> int:
@@ -264,6 +266,8 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=_positive_int, default=128)
     p.add_argument("--chunk-size", type=_positive_int, default=512, help="lines translated (and written) at a time")
     p.add_argument("--backend", default=None, help="kernel backend: auto, cpp, triton, reference")
+    p.add_argument("--fold-attention", action="store_true",
+                   help="precompute the attention projections per sentence (same output, faster steps)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
 
 
@@ -289,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated (default: every backend available on the device)")
     st.add_argument("--device", default="cpu")
     st.add_argument("--dtype", type=_name_list, default=["fp32"], help="fp32, bf16 or both (comma-separated)")
+    st.add_argument("--decoders", type=_name_list, default=["plain"],
+                    help="plain and/or folded (attention projections precomputed per sentence; exact)")
     st.add_argument("--batch-size", type=_positive_int, default=128)
     st.add_argument("--vocab", type=_positive_int, default=40000, help="vocabulary size for random weights")
     st.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads (0: default)")

@@ -75,6 +75,7 @@ def generate(
     return_attention: bool = False,
     progress: bool = False,
     forced_length: Optional[Sequence[int]] = None,
+    fold_attention: bool = False,
 ) -> List[List[dict]]:
     """Translate ``sources`` (token-id lists without EOS) with beam search.
 
@@ -86,6 +87,9 @@ def generate(
     ``forced_length`` (per source) makes every hypothesis exactly that many tokens before EOS
     (within ``max_len``): the speed benchmark uses it so that random weights do the work of a
     real translation.
+
+    ``fold_attention`` precomputes the attention projections of the encoder outputs once per
+    sentence (exact up to rounding; fewer FLOPs per step, see ``convs2s.decoder.FoldedAttention``).
     """
     if beam < 1 or nbest < 1 or nbest > beam:
         raise ValueError(f"need 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
@@ -110,7 +114,7 @@ def generate(
             if forced_length is not None:
                 forced = torch.tensor([int(forced_length[i]) for i in idx], device=device)
             hypos = _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen,
-                                 return_attention, forced)
+                                 return_attention, forced, fold_attention)
             for i, h in zip(idx, hypos):
                 results[i] = h[:nbest]
             if bar is not None:
@@ -122,7 +126,8 @@ def generate(
         model.train(was_training)
 
 
-def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen, need_attn, forced_len):
+def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen, need_attn, forced_len,
+                 fold_attention=False):
     bsz, src_len = src.shape
     V = model.tgt_vocab_size
     k = min(beam, V - 1)
@@ -130,7 +135,7 @@ def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen
     device = src.device
 
     encoder_out = model.encode(src)
-    state = model.init_decoder_state(encoder_out, k)
+    state = model.init_decoder_state(encoder_out, k, fold_attention)
     tokens = torch.full((bsz * k, max_len + 2), PAD, dtype=torch.long, device=device)
     tokens[:, 0] = EOS
     scores = torch.zeros(bsz * k, max_len + 1, device=device)

@@ -48,9 +48,13 @@ class SpeedTableError(ValueError):
     """Bad options for the speed table (unknown backend, dtype, missing file...)."""
 
 
+DECODERS = ("plain", "folded")  # folded: attention projections precomputed per sentence (exact)
+
+
 @dataclass
 class Row:
     backend: str
+    decoder: str
     dtype: str
     beam: int
     sentences: int
@@ -149,7 +153,8 @@ def default_backends(device: torch.device) -> List[str]:
 def run(*, arch: str = "fconv_wmt_en_fr", checkpoint: Optional[str] = None, dicts: Optional[str] = None,
         source: Optional[str] = None, reference: Optional[str] = None, spm: Optional[str] = None,
         sentences: Optional[int] = 16, beams: Sequence[int] = (1, 5), backends: Optional[Sequence[str]] = None,
-        device: str = "cpu", dtypes: Sequence[str] = ("fp32",), batch_size: int = 128, vocab: int = 40000,
+        device: str = "cpu", dtypes: Sequence[str] = ("fp32",), decoders: Sequence[str] = ("plain",),
+        batch_size: int = 128, vocab: int = 40000,
         seed: int = 1, progress: bool = False, log=print) -> dict:
     """Time generation for every (backend, dtype, beam); returns ``{"rows": [...], "machine", "setup"}``.
 
@@ -167,6 +172,9 @@ def run(*, arch: str = "fconv_wmt_en_fr", checkpoint: Optional[str] = None, dict
     bad = [d for d in dtypes if d not in DTYPES]
     if bad:
         raise SpeedTableError(f"unknown dtype {bad[0]!r}; choose from {', '.join(DTYPES)}")
+    bad = [d for d in decoders if d not in DECODERS]
+    if bad:
+        raise SpeedTableError(f"unknown decoder {bad[0]!r}; choose from {', '.join(DECODERS)}")
     backends = check_backends(backends, dev) if backends else default_backends(dev)
     if reference and not checkpoint:
         raise SpeedTableError("--reference needs --checkpoint: BLEU of random weights means nothing")
@@ -227,28 +235,32 @@ def run(*, arch: str = "fconv_wmt_en_fr", checkpoint: Optional[str] = None, dict
         for backend in backends:
             model.use_backend(backend)
             generate(model, ids[:1], beam=max(beams), max_len_b=3)  # warm-up: allocations, caches
-            for beam in beams:
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                hyps = generate(model, ids, beam=beam, batch_size=batch_size, max_len_a=1.2 if forced else 0.0,
-                                max_len_b=10 if forced else 200, forced_length=forced, progress=progress)
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                secs = time.perf_counter() - t0
-                tgt_tokens = sum(len(h[0]["tokens"]) for h in hyps)  # EOS included, as fairseq counts
-                bleu = None
-                if refs is not None:
-                    import sacrebleu
+            for decoder in decoders:
+                for beam in beams:
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    hyps = generate(model, ids, beam=beam, batch_size=batch_size,
+                                    max_len_a=1.2 if forced else 0.0, max_len_b=10 if forced else 200,
+                                    forced_length=forced, progress=progress, fold_attention=decoder == "folded")
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize()
+                    secs = time.perf_counter() - t0
+                    tgt_tokens = sum(len(h[0]["tokens"]) for h in hyps)  # EOS included, as fairseq counts
+                    bleu = None
+                    if refs is not None:
+                        import sacrebleu
 
-                    out = [tokenizer.decode([tgt_dict[int(t)] for t in h[0]["tokens"][:-1]]) for h in hyps]
-                    bleu = sacrebleu.corpus_bleu(out, [refs]).score
-                flops = generation_flops(model, [len(s) for s in ids], [len(h[0]["tokens"]) for h in hyps], beam)
-                gflops = flops / secs / 1e9
-                rows.append(Row(backend, dtype_name, beam, len(ids), src_tokens, tgt_tokens, secs,
-                                len(ids) / secs, tgt_tokens / secs, gflops,
-                                gflops / peaks[f"gemm_gflops_{dtype_name}"], bleu))
-                log(f"{backend:<10} {dtype_name:<5} beam {beam}: {secs:.2f} s, {tgt_tokens / secs:.1f} tok/s")
+                        out = [tokenizer.decode([tgt_dict[int(t)] for t in h[0]["tokens"][:-1]]) for h in hyps]
+                        bleu = sacrebleu.corpus_bleu(out, [refs]).score
+                    # FLOPs of the plain decoder: the folded one does the same translation with fewer
+                    flops = generation_flops(model, [len(s) for s in ids], [len(h[0]["tokens"]) for h in hyps], beam)
+                    gflops = flops / secs / 1e9
+                    rows.append(Row(backend, decoder, dtype_name, beam, len(ids), src_tokens, tgt_tokens, secs,
+                                    len(ids) / secs, tgt_tokens / secs, gflops,
+                                    gflops / peaks[f"gemm_gflops_{dtype_name}"], bleu))
+                    log(f"{backend:<10} {decoder:<7} {dtype_name:<5} beam {beam}: {secs:.2f} s, "
+                        f"{tgt_tokens / secs:.1f} tok/s")
     model.use_backend(None)
     setup = dict(arch=arch_name, checkpoint=checkpoint, source=source or "synthetic newstest lengths",
                  sentences=len(ids), of_sentences=n_total, subset="all" if sentences is None else
@@ -261,7 +273,8 @@ def run(*, arch: str = "fconv_wmt_en_fr", checkpoint: Optional[str] = None, dict
 def format_table(result: dict) -> str:
     """Markdown: this machine's rows in the paper's form, speedups over reference, the paper's rows."""
     rows, setup, machine = result["rows"], result["setup"], result["machine"]
-    base = {(r["dtype"], r["beam"]): r["seconds"] for r in rows if r["backend"] == "reference"}
+    base = {(r["dtype"], r["beam"]): r["seconds"] for r in rows
+            if r["backend"] == "reference" and r.get("decoder", "plain") == "plain"}
     scale = PAPER_SENTENCES / max(setup["sentences"], 1)
     lines = [
         f"Generation speed, {setup['arch']} ({setup['parameters']:,} parameters), {setup['source']}: "
@@ -272,17 +285,19 @@ def format_table(result: dict) -> str:
         + (f", {machine['gpu']}" if "gpu" in machine else "") + ".",
         "GEMM peak measured in the same run: " + ", ".join(
             f"{k[len('gemm_gflops_'):]} {v:.0f} GFLOP/s" for k, v in machine.items() if k.startswith("gemm_gflops_"))
-        + (f"; copy {machine['copy_gbps']:.1f} GB/s." if "copy_gbps" in machine else "."),
+        + (f"; copy {machine['copy_gbps']:.1f} GB/s." if "copy_gbps" in machine else ".")
+        + " GFLOP/s count the plain decoder's work for every row; speedups are over the reference backend's"
+          " plain decoder in the same dtype.",
         "",
-        "| device | backend | dtype | beam | BLEU | time (s) | time for 6003 (s, extrapolated) | sent/s | tok/s "
+        "| device | backend | decoder | dtype | beam | BLEU | time (s) | time for 6003 (s, extrapolated) | sent/s | tok/s "
         "| GFLOP/s | % of GEMM peak | speedup vs reference |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ref = base.get((r["dtype"], r["beam"]))
         speed = f"{ref / r['seconds']:.2f}x" if ref else "n/a"
         bleu = f"{r['bleu']:.2f}" if r.get("bleu") is not None else "-"
-        lines.append(f"| {device_label(machine)} | {r['backend']} | {r['dtype']} | {r['beam']} | {bleu} | "
+        lines.append(f"| {device_label(machine)} | {r['backend']} | {r.get('decoder', 'plain')} | {r['dtype']} | {r['beam']} | {bleu} | "
                      f"{r['seconds']:.2f} | {r['seconds'] * scale:,.0f} | {r['sentences_per_s']:.2f} | "
                      f"{r['tokens_per_s']:.1f} | {r['gflops_per_s']:.1f} | {100 * r['fraction_of_gemm_peak']:.0f}% "
                      f"| {speed} |")

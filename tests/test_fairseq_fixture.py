@@ -41,27 +41,30 @@ def test_forward_reproduces_fairseq_logits_and_attention(fixture_dir, backend):
     assert (attn - fw["attn"])[real].abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("fold", [False, True], ids=["plain", "folded_attention"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_incremental_reproduces_fairseq_logits(fixture_dir, backend):
+def test_incremental_reproduces_fairseq_logits(fixture_dir, backend, fold):
     model = load_fixture_model(fixture_dir).use_backend(backend)
     fw = torch.load(fixture_dir / "forward.pt", weights_only=True)
     prev = fw["prev_output_tokens"]
     with torch.no_grad():
-        state = model.init_decoder_state(model.encode(fw["src_tokens"]))
+        state = model.init_decoder_state(model.encode(fw["src_tokens"]), fold_attention=fold)
         steps = [model.decode_step(prev[:, t], state)[0] for t in range(prev.shape[1])]
     inc = torch.stack(steps, 1)
     real = prev != 1
     assert (inc - fw["decoder_logits_incremental"])[real].abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("fold", [False, True], ids=["plain", "folded_attention"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("beam", [1, 5])
-def test_generate_reproduces_fairseq_nbest(fixture_dir, beam, backend):
+def test_generate_reproduces_fairseq_nbest(fixture_dir, beam, backend, fold):
     model = load_fixture_model(fixture_dir).use_backend(backend)
     ref = json.loads((fixture_dir / f"generate_beam{beam}.json").read_text())
     sources = read_ids(fixture_dir / "source.ids")
     out = convs2s.generate(model, sources, beam=ref["beam"], nbest=ref["beam"], max_len_a=ref["max_len_a"],
-                           max_len_b=ref["max_len_b"], min_len=ref["min_len"], lenpen=ref["lenpen"])
+                           max_len_b=ref["max_len_b"], min_len=ref["min_len"], lenpen=ref["lenpen"],
+                           fold_attention=fold)
     assert len(ref["sentences"]) == len(sources)
     for sent in ref["sentences"]:
         ours = out[sent["id"]]

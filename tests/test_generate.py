@@ -139,3 +139,23 @@ def test_length_batches():
 def test_generate_bad_input(model, kwargs, srcs, match):
     with pytest.raises(ValueError, match=match):
         convs2s.generate(model, srcs, **kwargs)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_folded_attention_gives_the_same_hypotheses_and_attention(model, beam):
+    """Equal-length sources finish at different steps, so the folded state is also shrunk."""
+    g = torch.Generator().manual_seed(5)
+    src = [torch.randint(4, V_SRC, (6,), generator=g).tolist() for _ in range(7)] + sources()
+    forced = [3, 8, 5, 11, 4, 6, 9] + [None] * len(sources())  # different end steps within the batch
+    kw = dict(beam=beam, nbest=beam, max_len_a=1.5, max_len_b=4, return_attention=True)
+    plain = convs2s.generate(model, src, **kw)
+    folded = convs2s.generate(model, src, fold_attention=True, **kw)
+    plain_forced = convs2s.generate(model, src[:7], forced_length=forced[:7], **kw)
+    folded_forced = convs2s.generate(model, src[:7], forced_length=forced[:7], fold_attention=True, **kw)
+    assert [len(h[0]["tokens"]) for h in plain_forced] == [f + 1 for f in forced[:7]]
+    plain, folded = plain + plain_forced, folded + folded_forced
+    for p, f in zip(plain, folded):
+        for hp, hf in zip(p, f):
+            assert hp["tokens"].tolist() == hf["tokens"].tolist()
+            assert abs(hp["score"] - hf["score"]) < 1e-4
+            torch.testing.assert_close(hf["attention"], hp["attention"], atol=1e-5, rtol=1e-5)

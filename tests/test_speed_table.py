@@ -46,14 +46,16 @@ def test_generation_flops_match_the_counted_matmuls():
 
 def test_speed_table_runs_every_available_backend(tmp_path, capsys):
     out_json = tmp_path / "table.json"
-    rc = main(["bench", "speed-table", *TINY, "--sentences", "5", "--beams", "1,2", "--json", str(out_json)])
+    rc = main(["bench", "speed-table", *TINY, "--sentences", "5", "--beams", "1,2", "--decoders", "plain,folded",
+               "--json", str(out_json)])
     out = capsys.readouterr().out
     assert rc == 0
     result = json.loads(out_json.read_text())
     import convs2s_kernels as ck
 
     available = [b for b, why in ck.available_backends().items() if why is None]
-    assert {(r["backend"], r["beam"]) for r in result["rows"]} == {(b, k) for b in available for k in (1, 2)}
+    assert {(r["backend"], r["decoder"], r["beam"]) for r in result["rows"]} == \
+        {(b, d, k) for b in available for d in ("plain", "folded") for k in (1, 2)}
     lengths = synthetic_lengths()[:5]
     for r in result["rows"]:
         assert r["sentences"] == 5 and r["dtype"] == "fp32"
@@ -101,6 +103,8 @@ def test_speed_table_errors_name_the_problem(tmp_path, capsys):
     assert "--reference needs --checkpoint" in capsys.readouterr().err
     assert main(["bench", "speed-table", *TINY, "--dtype", "fp8"]) == 2
     assert "unknown dtype 'fp8'" in capsys.readouterr().err
+    assert main(["bench", "speed-table", *TINY, "--decoders", "turbo"]) == 2
+    assert "unknown decoder 'turbo'" in capsys.readouterr().err
 
 
 def _bench_file(path, machine, medians):
