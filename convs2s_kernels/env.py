@@ -35,6 +35,12 @@ def report() -> str:
         lines.append(f"triton {triton.__version__}")
     except ImportError:
         lines.append("triton: not installed")
+    try:
+        from . import _C
+
+        lines.append(f"cpp few-row kernels: {_C.small_gemm_isa()}")
+    except ImportError:
+        pass
     lines.append("backends:")
     for name, why in ck.available_backends().items():
         lines.append(f"  {name:<9} {'available' if why is None else 'unavailable: ' + why}")

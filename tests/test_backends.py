@@ -36,6 +36,10 @@ STEP_CASES = [
     pytest.param(4, 6, 12, 12, 5, id="N6_k5_from4"),
     pytest.param(3, 3, 24, 48, 1, id="k1"),
     pytest.param(2, 2, 10, 7, 4, id="even_k4"),
+    # few-row kernel paths: whole 64-column blocks plus a ragged edge, and the 8-row maximum
+    pytest.param(6, 6, 33, 40, 3, id="N6_2C80_ragged"),
+    pytest.param(8, 8, 64, 64, 3, id="N8_2C128"),
+    pytest.param(9, 9, 20, 32, 3, id="N9_gemm_path"),
 ]
 
 

@@ -1,0 +1,168 @@
+// Matrix products with few rows (decoding: one row per sentence x beam), float32.
+//
+// With M <= 8 rows, a GEMM library packs the whole weight matrix for a handful of FLOPs per
+// element and runs far below the memory bandwidth that bounds the product. These kernels read
+// every weight once, in its stored layout, and keep the M rows' accumulators in vector
+// registers. They are written with GCC/Clang vector extensions and compiled three times
+// (AVX-512, AVX2+FMA, baseline), the best one chosen at run time.
+
+#include "small_gemm.h"
+
+#include <ATen/Parallel.h>
+#include <cstring>
+
+namespace convs2s {
+
+namespace {
+
+typedef float v16 __attribute__((vector_size(64)));
+
+inline __attribute__((always_inline)) v16 load16(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline __attribute__((always_inline)) void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+inline __attribute__((always_inline)) float hsum(v16 v) {
+  float s = 0.f;
+  for (int i = 0; i < 16; ++i) s += v[i];
+  return s;
+}
+
+// y[m, n] = sum_k x[m, k] w[n, k] (+ b[n]) for n in [n0, n1): weight rows are contiguous (Linear).
+template <int M>
+inline __attribute__((always_inline)) void dot_form(const float* x, int64_t ldx, const float* w, int64_t K,
+                                                    const float* b, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  const int64_t K16 = K - K % 16;
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* wr = w + n * K;
+    v16 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = v16{};
+    for (int64_t k = 0; k < K16; k += 16) {
+      const v16 wv = load16(wr + k);
+      for (int m = 0; m < M; ++m) acc[m] += load16(x + m * ldx + k) * wv;
+    }
+    for (int m = 0; m < M; ++m) {
+      float s = hsum(acc[m]);
+      for (int64_t k = K16; k < K; ++k) s += x[m * ldx + k] * wr[k];
+      y[m * ldy + n] = s + (b ? b[n] : 0.f);
+    }
+  }
+}
+
+// y[m, n0:n1] = sum_k x[m, k] w[k, n0:n1] (+ b): weight columns are contiguous (conv step, (K, N)).
+template <int M>
+inline __attribute__((always_inline)) void axpy_form(const float* x, int64_t ldx, const float* w, int64_t K,
+                                                     int64_t N, const float* b, float* y, int64_t ldy, int64_t n0,
+                                                     int64_t n1) {
+  constexpr int V = 4;  // 64 columns per block: 4 cache lines of each weight row per k
+  int64_t n = n0;
+  for (; n + 16 * V <= n1; n += 16 * V) {
+    v16 acc[M][V];
+    for (int m = 0; m < M; ++m)
+      for (int v = 0; v < V; ++v) acc[m][v] = b ? load16(b + n + 16 * v) : v16{};
+    for (int64_t k = 0; k < K; ++k) {
+      v16 wv[V];
+      for (int v = 0; v < V; ++v) wv[v] = load16(w + k * N + n + 16 * v);
+      for (int m = 0; m < M; ++m) {
+        const float xv = x[m * ldx + k];
+        for (int v = 0; v < V; ++v) acc[m][v] += xv * wv[v];
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int v = 0; v < V; ++v) store16(y + m * ldy + n + 16 * v, acc[m][v]);
+  }
+  for (; n < n1; ++n) {  // ragged edge
+    for (int m = 0; m < M; ++m) {
+      float s = b ? b[n] : 0.f;
+      for (int64_t k = 0; k < K; ++k) s += x[m * ldx + k] * w[k * N + n];
+      y[m * ldy + n] = s;
+    }
+  }
+}
+
+#define CONVS2S_SWITCH_M(M_VALUE, CALL) \
+  switch (M_VALUE) {                    \
+    case 1: { constexpr int M = 1; CALL; break; } \
+    case 2: { constexpr int M = 2; CALL; break; } \
+    case 3: { constexpr int M = 3; CALL; break; } \
+    case 4: { constexpr int M = 4; CALL; break; } \
+    case 5: { constexpr int M = 5; CALL; break; } \
+    case 6: { constexpr int M = 6; CALL; break; } \
+    case 7: { constexpr int M = 7; CALL; break; } \
+    default: { constexpr int M = 8; CALL; break; } \
+  }
+
+#define CONVS2S_DEFINE_VARIANT(SUFFIX, TARGET)                                                                   \
+  TARGET void dot_rows_##SUFFIX(int64_t rows, const float* x, int64_t ldx, const float* w, int64_t K,           \
+                                const float* b, float* y, int64_t ldy, int64_t n0, int64_t n1) {               \
+    CONVS2S_SWITCH_M(rows, (dot_form<M>(x, ldx, w, K, b, y, ldy, n0, n1)))                                      \
+  }                                                                                                             \
+  TARGET void axpy_rows_##SUFFIX(int64_t rows, const float* x, int64_t ldx, const float* w, int64_t K,          \
+                                 int64_t N, const float* b, float* y, int64_t ldy, int64_t n0, int64_t n1) {   \
+    CONVS2S_SWITCH_M(rows, (axpy_form<M>(x, ldx, w, K, N, b, y, ldy, n0, n1)))                                  \
+  }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+CONVS2S_DEFINE_VARIANT(avx512, __attribute__((target("avx512f"))))
+CONVS2S_DEFINE_VARIANT(avx2, __attribute__((target("avx2,fma"))))
+#endif
+CONVS2S_DEFINE_VARIANT(base, )
+
+enum class Isa { avx512, avx2, base };
+
+Isa detect_isa() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return Isa::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+#endif
+  return Isa::base;
+}
+
+const Isa kIsa = detect_isa();
+
+}  // namespace
+
+const char* small_gemm_isa() {
+  switch (kIsa) {
+    case Isa::avx512: return "avx512f";
+    case Isa::avx2: return "avx2+fma";
+    default: return "baseline";
+  }
+}
+
+void small_gemm_nk(int64_t rows, const float* x, int64_t ldx, const float* w, int64_t N, int64_t K,
+                   const float* b, float* y, int64_t ldy) {
+  TORCH_CHECK(rows >= 1 && rows <= kSmallGemmMaxRows, "small_gemm_nk takes 1..", kSmallGemmMaxRows, " rows");
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    switch (kIsa) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+      case Isa::avx512: dot_rows_avx512(rows, x, ldx, w, K, b, y, ldy, n0, n1); break;
+      case Isa::avx2: dot_rows_avx2(rows, x, ldx, w, K, b, y, ldy, n0, n1); break;
+#endif
+      default: dot_rows_base(rows, x, ldx, w, K, b, y, ldy, n0, n1);
+    }
+  });
+}
+
+void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const float* w, int64_t K, int64_t N,
+                   const float* b, float* y, int64_t ldy) {
+  TORCH_CHECK(rows >= 1 && rows <= kSmallGemmMaxRows, "small_gemm_kn takes 1..", kSmallGemmMaxRows, " rows");
+  // column blocks of 64 per task: every thread streams whole 256-byte pieces of each weight row
+  const int64_t blocks = (N + 63) / 64;
+  at::parallel_for(0, blocks, 2, [&](int64_t b0, int64_t b1) {
+    const int64_t n0 = b0 * 64, n1 = std::min(N, b1 * 64);
+    switch (kIsa) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+      case Isa::avx512: axpy_rows_avx512(rows, x, ldx, w, K, N, b, y, ldy, n0, n1); break;
+      case Isa::avx2: axpy_rows_avx2(rows, x, ldx, w, K, N, b, y, ldy, n0, n1); break;
+#endif
+      default: axpy_rows_base(rows, x, ldx, w, K, N, b, y, ldy, n0, n1);
+    }
+  });
+}
+
+}  // namespace convs2s
