@@ -21,7 +21,7 @@ import convs2s_kernels as ck
 
 from .architectures import ConvS2SConfig
 from .encoder import PAD, EncoderOut, check_tokens
-from .layers import SQRT_HALF, Linear, conv_stack, embedding, make_positions, residual_input
+from .layers import SQRT_HALF, Linear, apply_linear, conv_stack, embedding, make_positions, residual_input
 
 
 class AttentionLayer(nn.Module):
@@ -144,10 +144,10 @@ class Decoder(nn.Module):
     def max_positions(self) -> int:
         return self.embed_positions.num_embeddings - PAD - 1
 
-    def _output(self, x):
-        x = self.fc2(x)
+    def _output(self, x, backend: Optional[str] = None):
+        x = apply_linear(self.fc2, x, backend)
         x = F.dropout(x, self.dropout, self.training)
-        return self.fc3(x)
+        return apply_linear(self.fc3, x, backend)
 
     def forward(self, prev_output_tokens: torch.Tensor, encoder_out: EncoderOut, need_attn: bool = True,
                 backend: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -215,7 +215,10 @@ class Decoder(nn.Module):
         x = self.embed_tokens(tokens.long()) + self.embed_positions.weight[position]
         x = F.dropout(x, self.dropout, self.training)
         target_embedding = x
-        x = self.fc1(x)
+        # Projections of a step see only a few rows: they go through the dispatcher (``linear``),
+        # whose cpp kernel streams the weight once instead of packing it for a GEMM.
+        lin_backend = backend or "auto"
+        x = apply_linear(self.fc1, x, lin_backend)
         residuals = [x]
         avg_attn = None
         num_layers = len(self.convolutions)
@@ -226,7 +229,7 @@ class Decoder(nn.Module):
         for i, (proj, conv, attention, r) in enumerate(
             zip(self.projections, self.convolutions, self.attention, self.residuals)
         ):
-            residual = residual_input(residuals, proj, r)
+            residual = residual_input(residuals, proj, r, lin_backend)
             x = F.dropout(x, self.dropout, self.training)
             x, state.conv_states[i] = ck.conv_step(
                 x, state.conv_states[i], conv.effective_weight(), conv.bias, parents, backend=backend
@@ -247,4 +250,4 @@ class Decoder(nn.Module):
             residuals.append(x)
         state.pending_index = None
         state.step += 1
-        return self._output(x), avg_attn
+        return self._output(x, lin_backend), avg_attn

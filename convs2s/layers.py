@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import convs2s_kernels as ck
+
 SQRT_HALF = math.sqrt(0.5)
 
 
@@ -104,8 +106,10 @@ class Linear(WeightNormed):
         self._init_weight_norm(v, dim=0, enabled=weight_norm)
         self.bias = nn.Parameter(torch.zeros(out_features))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.effective_weight(), self.bias)
+    def forward(self, x: torch.Tensor, backend: Optional[str] = None) -> torch.Tensor:
+        if backend is None:
+            return F.linear(x, self.effective_weight(), self.bias)
+        return ck.linear(x, self.effective_weight(), self.bias, backend=backend)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, weight_norm={self.weight_normed}"
@@ -191,9 +195,14 @@ def conv_stack(spec: Sequence[tuple], dropout: float, weight_norm: bool = True):
     return projections, convolutions
 
 
-def residual_input(residuals: list, projection, r: int):
+def apply_linear(module: nn.Module, x: torch.Tensor, backend: Optional[str] = None) -> torch.Tensor:
+    """``module(x)``, through the fused-op dispatcher when ``backend`` is given (decoding steps)."""
+    return module(x, backend) if isinstance(module, Linear) and backend is not None else module(x)
+
+
+def residual_input(residuals: list, projection, r: int, backend: Optional[str] = None):
     """The residual of a layer: the output ``r`` layers back, projected when widths differ."""
     if r == 0:
         return None
     res = residuals[-r]
-    return res if projection is None else projection(res)
+    return res if projection is None else apply_linear(projection, res, backend)

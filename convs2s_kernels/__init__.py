@@ -5,7 +5,8 @@ Public ops (each takes ``backend=`` "auto" | "triton" | "cpp" | "reference"; the
 
 * :func:`conv_glu` — convolution (causal or centred) + GLU + bias + residual + scale;
 * :func:`attention_embsum` — softmax(q z^T) over source positions, values z + e, sqrt(s) scale;
-* :func:`conv_step` — one incremental decoding step with beam reorder of the conv state.
+* :func:`conv_step` — one incremental decoding step with beam reorder of the conv state;
+* :func:`linear` — ``x @ weight.T + bias`` for the few rows of a decoding step.
 
 Their pure-PyTorch references are in :mod:`convs2s_kernels.reference` (``*_ref``).
 """
@@ -14,7 +15,7 @@ from . import reference
 from . import _cpp  # noqa: F401  (registers the cpp backend, or records why it is missing)
 from . import _triton_probe  # noqa: F401  (records whether the triton backend can run)
 from .dispatch import BackendUnavailableError, available_backends
-from .ops import attention_embsum, conv_glu, conv_step
+from .ops import attention_embsum, conv_glu, conv_step, linear
 
 __version__ = "0.1.0"
 
@@ -23,6 +24,7 @@ __all__ = [
     "conv_glu",
     "attention_embsum",
     "conv_step",
+    "linear",
     "available_backends",
     "BackendUnavailableError",
     "reference",

@@ -167,3 +167,20 @@ def attention_embsum_cpp(q, z, y, src_lengths=None, *, left_pad=True, return_att
         return ctx
     n = src_lengths if src_lengths is not None else torch.full((q.shape[0],), z.shape[1], device=q.device)
     return ctx, p_scaled / n.to(p_scaled.dtype).sqrt().view(-1, 1, 1)
+
+
+# --- few-row linear (decoding) --------------------------------------------------------------------
+def _linear_check(x, weight, bias=None) -> List[str]:
+    why = []
+    if x.dtype != torch.float32:
+        why.append(f"cpp linear is float32 only, got {x.dtype}")
+    if x.dim() != 2 or not 2 <= x.shape[0] <= 8:
+        why.append(f"cpp linear takes 2..8 rows of a 2-D input (decoding), got shape {tuple(x.shape)}")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        why.append("cpp linear has no backward; inputs require grad")
+    return why
+
+
+@register("cpp", "linear", check=_linear_check)
+def linear_cpp(x, weight, bias=None):
+    return _C.small_linear(x, weight, bias)

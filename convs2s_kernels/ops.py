@@ -14,12 +14,13 @@ from . import reference
 from ._checks import check_index, check_same, check_shape, check_tensor
 from .dispatch import register, resolve
 
-__all__ = ["conv_glu", "attention_embsum", "conv_step"]
+__all__ = ["conv_glu", "attention_embsum", "conv_step", "linear"]
 
 # The reference backend implements everything, for every device and dtype, with autograd.
 register("reference", "conv_glu")(reference.conv_glu_ref)
 register("reference", "attention_embsum")(reference.attention_embsum_ref)
 register("reference", "conv_step")(reference.conv_step_ref)
+register("reference", "linear")(torch.nn.functional.linear)
 
 
 def _autocast_inputs(device: torch.device, *tensors):
@@ -148,3 +149,21 @@ def conv_step(
         check_index("beam_index", beam_index, N, x_t.device, low=0, high=state.shape[0] - 1)
     fn = resolve("conv_step", x_t.device, backend, x_t, state, weight, bias, beam_index)
     return fn(x_t, state, weight, bias, beam_index)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+           backend: Optional[str] = None) -> torch.Tensor:
+    """``x @ weight.T + bias``: the decoder step's projections, where only a few rows (one per
+    sentence x beam) meet a large weight. ``x (..., K)``, ``weight (N, K)``, ``bias (N,)``.
+    Equivalent: ``F.linear(x, weight, bias)``."""
+    check_tensor("x", x, x.dim() if x.dim() >= 1 else 1)
+    check_tensor("weight", weight, 2)
+    if weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"weight expects {weight.shape[1]} input features but x has {x.shape[-1]}")
+    if bias is not None:
+        check_tensor("bias", bias, 1)
+        check_shape("bias", bias, (weight.shape[0],), "(N,)")
+    x, weight, bias = _autocast_inputs(x.device, x, weight, bias)
+    check_same("x", x, weight=weight, bias=bias)
+    fn = resolve("linear", x.device, backend, x, weight, bias)
+    return fn(x, weight, bias)

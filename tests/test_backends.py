@@ -233,3 +233,22 @@ def test_cpp_attention_traces_under_torch_compile():
     runnable("cpp", "attention_embsum", q, z, y, lengths)
     fn = lambda q: ck.attention_embsum(q, z, y, lengths, backend="cpp") + 1
     torch.testing.assert_close(torch.compile(fn, backend="aot_eager", fullgraph=True)(q), fn(q))
+
+
+# --- the decoding step's few-row linear ------------------------------------------------------
+@pytest.mark.parametrize("rows", [2, 5, 8])
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@torch.no_grad()
+def test_linear_matches_reference(backend, rows):
+    x, w, b = torch.randn(rows, 96), torch.randn(200, 96) / 10, torch.randn(200)
+    runnable(backend, "linear", x, w, b)
+    assert_close("linear", ck.linear(x, w, b, backend=backend), torch.nn.functional.linear(x, w, b))
+
+
+def test_linear_falls_back_where_the_cpp_kernel_does_not_apply():
+    w = torch.randn(7, 5, requires_grad=True)
+    assert dispatch.reasons("cpp", "linear", torch.device("cpu"), torch.randn(9, 5), w.detach())  # too many rows
+    assert dispatch.reasons("cpp", "linear", torch.device("cpu"), torch.randn(3, 5), w)  # needs a gradient
+    out = ck.linear(torch.randn(3, 5), w, backend="cpp,reference")  # falls back, keeps autograd
+    out.sum().backward()
+    assert w.grad is not None
