@@ -156,7 +156,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """``x @ weight.T + bias``: the decoder step's projections, where only a few rows (one per
     sentence x beam) meet a large weight. ``x (..., K)``, ``weight (N, K)``, ``bias (N,)``.
     Equivalent: ``F.linear(x, weight, bias)``."""
-    check_tensor("x", x, x.dim() if x.dim() >= 1 else 1)
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        raise TypeError(f"x must be a tensor of shape (..., K), got {type(x).__name__}"
+                        + (" of 0 dimensions" if isinstance(x, torch.Tensor) else ""))
+    check_tensor("x", x, x.dim())  # any leading dims; floating point
     check_tensor("weight", weight, 2)
     if weight.shape[1] != x.shape[-1]:
         raise ValueError(f"weight expects {weight.shape[1]} input features but x has {x.shape[-1]}")
