@@ -13,7 +13,7 @@ SHAPES = shapes(paper=[(m, k, n) for m in (1, 5, 8) for k, n in ((512, 1024), (7
                 smoke=[(5, 16, 24)])
 
 
-@pytest.mark.parametrize("dtype_name", ["fp32"])
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("shape", [pytest.param(s, id=f"M{s[0]}_K{s[1]}_N{s[2]}") for s in SHAPES])
 @pytest.mark.parametrize("backend", ["reference", "cpp", "triton"])
 def test_linear(benchmark, runnable, peaks, device, backend, shape, dtype_name):

@@ -172,8 +172,8 @@ def attention_embsum_cpp(q, z, y, src_lengths=None, *, left_pad=True, return_att
 # --- few-row linear (decoding) --------------------------------------------------------------------
 def _linear_check(x, weight, bias=None) -> List[str]:
     why = []
-    if x.dtype != torch.float32:
-        why.append(f"cpp linear is float32 only, got {x.dtype}")
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        why.append(f"cpp linear takes float32 or bf16, got {x.dtype}")
     if x.dim() != 2 or not 2 <= x.shape[0] <= 8:
         why.append(f"cpp linear takes 2..8 rows of a 2-D input (decoding), got shape {tuple(x.shape)}")
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):

@@ -94,12 +94,10 @@ std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tenso
   const at::Tensor flat = window.view({rows, k * c_in});
   const at::Tensor w2 = weight.view({k * c_in, c2});
   at::Tensor pre;
-  if (x_t.scalar_type() == at::kFloat && rows >= 2 && rows <= kSmallGemmMaxRows) {
+  const bool few_row_dtype = x_t.scalar_type() == at::kFloat || x_t.scalar_type() == at::kBFloat16;
+  if (few_row_dtype && rows >= 2 && rows <= kSmallGemmMaxRows) {
     // few rows: stream the weight once instead of packing it for a GEMM library (one row: BLAS's gemv)
-    pre = at::empty({rows, c2}, x_t.options());
-    at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
-    small_gemm_kn(rows, flat.data_ptr<float>(), k * c_in, w2.data_ptr<float>(), k * c_in, c2,
-                  b.defined() ? b.data_ptr<float>() : nullptr, pre.data_ptr<float>(), c2);
+    pre = small_gemm(flat, w2, bias, /*w_is_nk=*/false);
   } else {
     pre = bias.has_value() ? at::addmm(*bias, flat, w2) : at::mm(flat, w2);
   }

@@ -21,18 +21,15 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& dctx, const at::Ten
                                            const at::Tensor& y, const at::Tensor& p_scaled,
                                            const c10::optional<at::Tensor>& src_lengths, bool left_pad);
 
-// y = x @ weight.T + bias for x (M <= 8, K) float32 and weight (N, K): the Linear of a decoding step.
+// y = x @ weight.T + bias for x (M <= 8, K) and weight (N, K), float32 or bf16: a decoding step's Linear.
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   CONVS2S_CHECK_CPU(x);
-  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "small_linear is float32 only");
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "small_linear takes float32 or bf16 (x and weight alike)");
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "x (M, K), weight (N, K)");
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= kSmallGemmMaxRows, "small_linear takes 1..8 rows");
-  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
-  at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
-  at::Tensor y = at::empty({x.size(0), weight.size(0)}, x.options());
-  small_gemm_nk(x.size(0), xc.data_ptr<float>(), x.size(1), wc.data_ptr<float>(), weight.size(0), x.size(1),
-                b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), weight.size(0));
-  return y;
+  return small_gemm(x, weight.contiguous(), bias, /*w_is_nk=*/true);
 }
 }
 
@@ -50,7 +47,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "gradients of conv_glu_forward: (dx, dweight, dbias, dresidual)", py::arg("dout"), py::arg("x"),
         py::arg("weight"), py::arg("pre"), py::arg("pad_mask"), py::arg("causal"), py::arg("scale"),
         py::arg("need_residual_grad"));
-  m.def("small_linear", &convs2s::small_linear, "x @ weight.T + bias for 1..8 float32 rows",
+  m.def("small_linear", &convs2s::small_linear, "x @ weight.T + bias for 1..8 float32 or bf16 rows",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
   m.def("small_gemm_isa", &convs2s::small_gemm_isa, "instruction set of the few-row kernels on this CPU");
   m.def("attention_forward", &convs2s::attention_forward,

@@ -1,4 +1,5 @@
-// Matrix products with few rows (decoding: one row per sentence x beam), float32.
+// Matrix products with few rows (decoding: one row per sentence x beam): float32 or bf16 weights,
+// float32 activations and accumulation.
 //
 // With M <= 8 rows, a GEMM library packs the whole weight matrix for a handful of FLOPs per
 // element and runs far below the memory bandwidth that bounds the product. These kernels read
@@ -16,12 +17,27 @@ namespace convs2s {
 namespace {
 
 typedef float v16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
 inline __attribute__((always_inline)) v16 load16(const float* p) {
   v16 v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
+
+// bf16 weights: widen 16 values to float32 (a bf16 is the top half of a float32), half the bytes read.
+inline __attribute__((always_inline)) v16 load16(const at::BFloat16* p) {
+  u16x16 h;
+  std::memcpy(&h, p, sizeof(h));
+  const u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+  v16 v;
+  std::memcpy(&v, &w, sizeof(v));
+  return v;
+}
+
+inline __attribute__((always_inline)) float to_float(float v) { return v; }
+inline __attribute__((always_inline)) float to_float(at::BFloat16 v) { return static_cast<float>(v); }
 
 inline __attribute__((always_inline)) void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
 
@@ -32,12 +48,12 @@ inline __attribute__((always_inline)) float hsum(v16 v) {
 }
 
 // y[m, n] = sum_k x[m, k] w[n, k] (+ b[n]) for n in [n0, n1): weight rows are contiguous (Linear).
-template <int M>
-inline __attribute__((always_inline)) void dot_form(const float* x, int64_t ldx, const float* w, int64_t K,
+template <int M, typename W>
+inline __attribute__((always_inline)) void dot_form(const float* x, int64_t ldx, const W* w, int64_t K,
                                                     const float* b, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   const int64_t K16 = K - K % 16;
   for (int64_t n = n0; n < n1; ++n) {
-    const float* wr = w + n * K;
+    const W* wr = w + n * K;
     v16 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = v16{};
     for (int64_t k = 0; k < K16; k += 16) {
@@ -46,15 +62,15 @@ inline __attribute__((always_inline)) void dot_form(const float* x, int64_t ldx,
     }
     for (int m = 0; m < M; ++m) {
       float s = hsum(acc[m]);
-      for (int64_t k = K16; k < K; ++k) s += x[m * ldx + k] * wr[k];
+      for (int64_t k = K16; k < K; ++k) s += x[m * ldx + k] * to_float(wr[k]);
       y[m * ldy + n] = s + (b ? b[n] : 0.f);
     }
   }
 }
 
 // y[m, n0:n1] = sum_k x[m, k] w[k, n0:n1] (+ b): weight columns are contiguous (conv step, (K, N)).
-template <int M>
-inline __attribute__((always_inline)) void axpy_form(const float* x, int64_t ldx, const float* w, int64_t K,
+template <int M, typename W>
+inline __attribute__((always_inline)) void axpy_form(const float* x, int64_t ldx, const W* w, int64_t K,
                                                      int64_t N, const float* b, float* y, int64_t ldy, int64_t n0,
                                                      int64_t n1) {
   constexpr int V = 4;  // 64 columns per block: 4 cache lines of each weight row per k
@@ -77,7 +93,7 @@ inline __attribute__((always_inline)) void axpy_form(const float* x, int64_t ldx
   for (; n < n1; ++n) {  // ragged edge
     for (int m = 0; m < M; ++m) {
       float s = b ? b[n] : 0.f;
-      for (int64_t k = 0; k < K; ++k) s += x[m * ldx + k] * w[k * N + n];
+      for (int64_t k = 0; k < K; ++k) s += x[m * ldx + k] * to_float(w[k * N + n]);
       y[m * ldy + n] = s;
     }
   }
@@ -96,11 +112,13 @@ inline __attribute__((always_inline)) void axpy_form(const float* x, int64_t ldx
   }
 
 #define CONVS2S_DEFINE_VARIANT(SUFFIX, TARGET)                                                                   \
-  TARGET void dot_rows_##SUFFIX(int64_t rows, const float* x, int64_t ldx, const float* w, int64_t K,           \
+  template <typename W>                                                                                         \
+  TARGET void dot_rows_##SUFFIX(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t K,               \
                                 const float* b, float* y, int64_t ldy, int64_t n0, int64_t n1) {               \
     CONVS2S_SWITCH_M(rows, (dot_form<M>(x, ldx, w, K, b, y, ldy, n0, n1)))                                      \
   }                                                                                                             \
-  TARGET void axpy_rows_##SUFFIX(int64_t rows, const float* x, int64_t ldx, const float* w, int64_t K,          \
+  template <typename W>                                                                                         \
+  TARGET void axpy_rows_##SUFFIX(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t K,              \
                                  int64_t N, const float* b, float* y, int64_t ldy, int64_t n0, int64_t n1) {   \
     CONVS2S_SWITCH_M(rows, (axpy_form<M>(x, ldx, w, K, N, b, y, ldy, n0, n1)))                                  \
   }
@@ -134,7 +152,8 @@ const char* small_gemm_isa() {
   }
 }
 
-void small_gemm_nk(int64_t rows, const float* x, int64_t ldx, const float* w, int64_t N, int64_t K,
+template <typename W>
+void small_gemm_nk(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t N, int64_t K,
                    const float* b, float* y, int64_t ldy) {
   TORCH_CHECK(rows >= 1 && rows <= kSmallGemmMaxRows, "small_gemm_nk takes 1..", kSmallGemmMaxRows, " rows");
   at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
@@ -148,7 +167,8 @@ void small_gemm_nk(int64_t rows, const float* x, int64_t ldx, const float* w, in
   });
 }
 
-void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const float* w, int64_t K, int64_t N,
+template <typename W>
+void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t K, int64_t N,
                    const float* b, float* y, int64_t ldy) {
   TORCH_CHECK(rows >= 1 && rows <= kSmallGemmMaxRows, "small_gemm_kn takes 1..", kSmallGemmMaxRows, " rows");
   // column blocks of 64 per task: every thread streams whole 256-byte pieces of each weight row
@@ -163,6 +183,41 @@ void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const float* w, in
       default: axpy_rows_base(rows, x, ldx, w, K, N, b, y, ldy, n0, n1);
     }
   });
+}
+
+template void small_gemm_nk<float>(int64_t, const float*, int64_t, const float*, int64_t, int64_t, const float*,
+                                   float*, int64_t);
+template void small_gemm_nk<at::BFloat16>(int64_t, const float*, int64_t, const at::BFloat16*, int64_t, int64_t,
+                                          const float*, float*, int64_t);
+template void small_gemm_kn<float>(int64_t, const float*, int64_t, const float*, int64_t, int64_t, const float*,
+                                   float*, int64_t);
+template void small_gemm_kn<at::BFloat16>(int64_t, const float*, int64_t, const at::BFloat16*, int64_t, int64_t,
+                                          const float*, float*, int64_t);
+
+}  // namespace convs2s
+
+namespace convs2s {
+
+at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool w_is_nk) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && w.is_contiguous(), "small_gemm: x (M, K), contiguous 2-D weight");
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "small_gemm: x and weight must share a dtype");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "small_gemm: float32 or bf16");
+  const int64_t M = x.size(0), K = x.size(1), N = w_is_nk ? w.size(0) : w.size(1);
+  TORCH_CHECK((w_is_nk ? w.size(1) : w.size(0)) == K, "small_gemm: weight does not match x's K");
+  TORCH_CHECK(M >= 1 && M <= kSmallGemmMaxRows, "small_gemm takes 1..", kSmallGemmMaxRows, " rows");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();  // activations are tiny: widen once
+  at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  if (w.scalar_type() == at::kFloat) {
+    if (w_is_nk) small_gemm_nk(M, xf.data_ptr<float>(), K, w.data_ptr<float>(), N, K, bp, y.data_ptr<float>(), N);
+    else small_gemm_kn(M, xf.data_ptr<float>(), K, w.data_ptr<float>(), K, N, bp, y.data_ptr<float>(), N);
+    return y;
+  }
+  const at::BFloat16* wp = w.data_ptr<at::BFloat16>();
+  if (w_is_nk) small_gemm_nk(M, xf.data_ptr<float>(), K, wp, N, K, bp, y.data_ptr<float>(), N);
+  else small_gemm_kn(M, xf.data_ptr<float>(), K, wp, K, N, bp, y.data_ptr<float>(), N);
+  return y.to(x.scalar_type());
 }
 
 }  // namespace convs2s

@@ -8,11 +8,19 @@ namespace convs2s {
 constexpr int64_t kSmallGemmMaxRows = 8;
 
 // y[m, n] = sum_k x[m, k] w[n, k] + b[n]: w is (N, K) row-major, as nn.Linear stores it.
-void small_gemm_nk(int64_t rows, const float* x, int64_t ldx, const float* w, int64_t N, int64_t K,
+// W is float or at::BFloat16; x, b and y are float32.
+template <typename W>
+void small_gemm_nk(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t N, int64_t K,
                    const float* b, float* y, int64_t ldy);
 // y[m, n] = sum_k x[m, k] w[k, n] + b[n]: w is (K, N) row-major, as the linearised conv weight.
-void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const float* w, int64_t K, int64_t N,
+template <typename W>
+void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t K, int64_t N,
                    const float* b, float* y, int64_t ldy);
+
+// Few-row product through the kernels above for float32 or bf16 tensors: x (M, K) any strides
+// with a contiguous last dim, w contiguous ((N, K) if w_is_nk else (K, N)); returns (M, N) in
+// x's dtype (bf16 results rounded once from the float32 accumulators, as a bf16 GEMM would).
+at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool w_is_nk);
 // The instruction set the kernels were dispatched to on this CPU.
 const char* small_gemm_isa();
 

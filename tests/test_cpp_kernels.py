@@ -22,11 +22,25 @@ def test_small_linear_matches_f_linear(rows, K, N):
     torch.testing.assert_close(_C.small_linear(x, w), torch.nn.functional.linear(x, w), atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [2, 5, 8])
+def test_small_linear_bf16_matches_a_bf16_linear(rows):
+    from convs2s_kernels import _C
+
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 200, generator=g).bfloat16()
+    w = (torch.randn(70, 200, generator=g) / 14).bfloat16()
+    b = torch.randn(70, generator=g).bfloat16()
+    out = _C.small_linear(x, w, b)
+    assert out.dtype == torch.bfloat16
+    want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    torch.testing.assert_close(out.double(), want, atol=3e-2, rtol=2e-2)
+
+
 def test_small_linear_rejects_what_it_cannot_do():
     from convs2s_kernels import _C
 
     with pytest.raises(RuntimeError, match="1..8 rows"):
         _C.small_linear(torch.randn(9, 4), torch.randn(3, 4))
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="float32 or bf16"):
         _C.small_linear(torch.randn(2, 4).double(), torch.randn(3, 4).double())
     assert _C.small_gemm_isa() in ("avx512f", "avx2+fma", "baseline")
