@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .data import Batch, DataError, DataFolder, TokenDataset, batch_by_tokens, collate, open_data_folder, perplexity
+from .data import DataError, DataFolder, TokenDataset, batch_by_tokens, collate, open_data_folder, perplexity
 from .encoder import PAD
 from .fairseq_io import CheckpointError, fairseq_checkpoint, read_checkpoint
 from .model import ConvS2SModel, build_model

@@ -167,7 +167,7 @@ def test_ops_follow_autocast_like_pytorch_layers():
     """Under bf16 autocast the ops cast their inputs as F.conv1d / matmul would (mixed fp32
     weights and bf16 activations), and still match the reference on the cast inputs."""
     import convs2s_kernels as ck
-    from convs2s_kernels.reference import attention_embsum_ref, conv_glu_ref
+    from convs2s_kernels.reference import conv_glu_ref
 
     torch.manual_seed(0)
     x = torch.randn(2, 5, 8)
