@@ -30,6 +30,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .atomic import atomic_torch_save, atomic_write_text
 from .dictionary import UNK, Dictionary
 from .encoder import EOS, PAD
 
@@ -341,12 +342,6 @@ def open_data_folder(path: PathLike) -> DataFolder:
                       Dictionary.load(path / f"dict.{tgt}.txt"), meta)
 
 
-def _atomic_torch_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def write_data_folder(out_dir: PathLike, src_lang: str, tgt_lang: str, src_dict: Dictionary, tgt_dict: Dictionary,
                       datasets: Dict[str, TokenDataset], meta: Optional[dict] = None) -> DataFolder:
     """Write dictionaries, ``{split}.{src}-{tgt}.pt`` binaries and ``meta.json`` (last, atomically:
@@ -358,14 +353,12 @@ def write_data_folder(out_dir: PathLike, src_lang: str, tgt_lang: str, src_dict:
     stats = {}
     for name, ds in datasets.items():
         ds.check_vocab(len(src_dict), len(tgt_dict), name)
-        _atomic_torch_save(ds.state_dict(), out / f"{name}.{src_lang}-{tgt_lang}.pt")
+        atomic_torch_save(ds.state_dict(), out / f"{name}.{src_lang}-{tgt_lang}.pt")
         stats[name] = dict(pairs=len(ds), src_tokens=int(ds.src_lengths.sum()), tgt_tokens=int(ds.tgt_lengths.sum()),
                            tgt_unk=int((ds.tgt_tokens == UNK).sum()))
     meta = dict(meta or {}, src_lang=src_lang, tgt_lang=tgt_lang, stats=stats,
                 src_vocab=len(src_dict), tgt_vocab=len(tgt_dict))
-    tmp = out / (META + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
-    os.replace(tmp, out / META)
+    atomic_write_text(out / META, json.dumps(meta, indent=2))
     return open_data_folder(out)
 
 

@@ -24,6 +24,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 
 from .architectures import get_config
+from .atomic import atomic_torch_save
 from .dictionary import Dictionary
 from .layers import WeightNormed, gain_dim
 from .model import ConvS2SModel
@@ -248,11 +249,8 @@ def fairseq_checkpoint(model: ConvS2SModel, source_lang: str = "src", target_lan
 def save_fairseq(model: ConvS2SModel, path: PathLike, src_dict: Optional[Dictionary] = None,
                  tgt_dict: Optional[Dictionary] = None, source_lang: str = "src", target_lang: str = "tgt") -> None:
     """Write ``model`` as a fairseq fconv checkpoint (and its dictionaries beside it), atomically."""
-    ckpt = fairseq_checkpoint(model, source_lang, target_lang)
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(ckpt, tmp)
-    os.replace(tmp, path)
+    atomic_torch_save(fairseq_checkpoint(model, source_lang, target_lang), path)
     for d, lang in ((src_dict, source_lang), (tgt_dict, target_lang)):
         if d is not None:
             d.save(path.parent / f"dict.{lang}.txt")

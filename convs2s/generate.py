@@ -126,6 +126,15 @@ def generate(
         model.train(was_training)
 
 
+def _only_eos(lprobs: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None:
+    """Leave EOS as the only finite choice of ``rows`` (all rows when None), in place."""
+    if rows is None:
+        rows = slice(None)
+    eos_col = lprobs[rows, EOS].clone()
+    lprobs[rows] = float("-inf")
+    lprobs[rows, EOS] = eos_col
+
+
 def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen, need_attn, forced_len,
                  fold_attention=False):
     bsz, src_len = src.shape
@@ -157,19 +166,15 @@ def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen
         lprobs[:, PAD] = float("-inf")
         lprobs[:, UNK] -= unkpen
         if step >= max_len:
-            eos_col = lprobs[:, EOS].clone()
-            lprobs.fill_(float("-inf"))
-            lprobs[:, EOS] = eos_col
+            _only_eos(lprobs)
         elif step < min_len:
             lprobs[:, EOS] = float("-inf")
         if forced_len is not None and step < max_len:
             rows_len = forced_len[sent_ids].repeat_interleave(k)
             lprobs[step < rows_len, EOS] = float("-inf")
-            at_length = step == rows_len  # end exactly there: only EOS stays possible
+            at_length = step == rows_len  # end exactly there
             if bool(at_length.any()):
-                eos_col = lprobs[at_length, EOS]
-                lprobs[at_length] = float("-inf")
-                lprobs[at_length, EOS] = eos_col
+                _only_eos(lprobs, at_length)
         if attn is not None and step_attn is not None:
             attn[:, :, step + 1].copy_(step_attn)
 

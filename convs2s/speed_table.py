@@ -9,7 +9,6 @@ translation of it costs; newstest's French references are about 1.1x the English
 from __future__ import annotations
 
 import json
-import os
 import platform
 import random
 import time
@@ -18,6 +17,8 @@ from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence
 
 import torch
+
+from .atomic import atomic_write_text
 
 # Sentence lengths (whitespace tokens) of the English newstest2012 + newstest2013 sources, the
 # paper's 6003-sentence development set: length -> number of sentences (mean 22.95, max 137).
@@ -313,7 +314,4 @@ def format_table(result: dict) -> str:
 
 
 def write_json(result: dict, path: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(result, indent=2))

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .atomic import atomic_torch_save, atomic_write_bytes
 from .data import DataError, DataFolder, TokenDataset, batch_by_tokens, collate, open_data_folder, perplexity
 from .encoder import PAD
 from .fairseq_io import CheckpointError, fairseq_checkpoint, read_checkpoint
@@ -121,12 +122,6 @@ def batch_seed(seed: int, epoch: int, index: int) -> int:
 
 
 # --- checkpoints ---------------------------------------------------------------------------------
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 @dataclass
 class Progress:
     epoch: int = 1
@@ -193,15 +188,13 @@ class Trainer:
         path = self.save_dir / name
         if self.info.is_main:
             self.save_dir.mkdir(parents=True, exist_ok=True)
-            _atomic_save(self.checkpoint(), path)
+            atomic_torch_save(self.checkpoint(), path)
             for lang, d in ((self.folder.src_lang, self.folder.src_dict), (self.folder.tgt_lang, self.folder.tgt_dict)):
                 if not (self.save_dir / f"dict.{lang}.txt").is_file():
                     d.save(self.save_dir / f"dict.{lang}.txt")
             spm_model = self.folder.spm_model
             if spm_model is not None and not (self.save_dir / "spm.model").is_file():
-                tmp = self.save_dir / "spm.model.tmp"
-                tmp.write_bytes(spm_model.read_bytes())
-                os.replace(tmp, self.save_dir / "spm.model")
+                atomic_write_bytes(self.save_dir / "spm.model", spm_model.read_bytes())
         return path
 
     def load(self, path: Path) -> None:

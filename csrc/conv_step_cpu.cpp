@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "common.h"
+#include "glu.h"
 #include "small_gemm.h"
 
 namespace convs2s {
@@ -34,25 +35,6 @@ void gather_shift_append(const at::Tensor& x_t, const at::Tensor& state, const i
         std::memcpy(dst + j * c_in, s + src * ss0 + j * ss1, sizeof(scalar_t) * c_in);
       }
       std::memcpy(dst + (k - 1) * c_in, x + n * xs0, sizeof(scalar_t) * c_in);
-    }
-  });
-}
-
-template <typename scalar_t>
-void glu_rows(const at::Tensor& pre, at::Tensor& out) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const int64_t rows = out.size(0), c = out.size(1);
-  const scalar_t* p = pre.data_ptr<scalar_t>();
-  scalar_t* o = out.data_ptr<scalar_t>();
-  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const scalar_t* value = p + n * 2 * c;
-      const scalar_t* gate = value + c;
-      scalar_t* dst = o + n * c;
-      for (int64_t i = 0; i < c; ++i) {
-        const acc_t g = static_cast<acc_t>(gate[i]);
-        dst[i] = static_cast<scalar_t>(static_cast<acc_t>(value[i]) / (acc_t(1) + std::exp(-g)));
-      }
     }
   });
 }
@@ -104,7 +86,7 @@ std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tenso
 
   at::Tensor out = at::empty({rows, c2 / 2}, x_t.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x_t.scalar_type(), "conv_step_glu", [&] {
-    glu_rows<scalar_t>(pre, out);
+    glu_epilogue<scalar_t>(pre.data_ptr<scalar_t>(), nullptr, 1.0, rows, c2 / 2, out.data_ptr<scalar_t>());
   });
   return {out, window.narrow(1, 1, k - 1)};
 }
