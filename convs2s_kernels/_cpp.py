@@ -131,13 +131,14 @@ def _(q, z, y, src_lengths, left_pad):
 
 @torch.library.custom_op("convs2s::attention_embsum_cpu_backward", mutates_args=())
 def _attention_backward_op(dctx: Tensor, q: Tensor, z: Tensor, y: Tensor, p_scaled: Tensor,
-                           src_lengths: Optional[Tensor], left_pad: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    dq, dz, dy = _C.attention_backward(dctx, q, z, y, p_scaled, src_lengths, left_pad)
+                           src_lengths: Optional[Tensor], left_pad: bool,
+                           dp_scaled: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    dq, dz, dy = _C.attention_backward(dctx, q, z, y, p_scaled, src_lengths, left_pad, dp_scaled)
     return dq, dz, dy
 
 
 @_attention_backward_op.register_fake
-def _(dctx, q, z, y, p_scaled, src_lengths, left_pad):
+def _(dctx, q, z, y, p_scaled, src_lengths, left_pad, dp_scaled):
     return torch.empty_like(q), torch.empty_like(z), torch.empty_like(y)
 
 
@@ -147,9 +148,11 @@ def _attention_setup(ctx, inputs, output):
     ctx.left_pad = left_pad
 
 
-def _attention_backward(ctx, dctx, _dp):
+def _attention_backward(ctx, dctx, dp_scaled):
+    # dp_scaled: the gradient reaching the returned probabilities (return_attn), zeros otherwise
     q, z, y, p_scaled, src_lengths = ctx.saved_tensors
-    dq, dz, dy = _attention_backward_op(dctx.contiguous(), q, z, y, p_scaled, src_lengths, ctx.left_pad)
+    dq, dz, dy = _attention_backward_op(dctx.contiguous(), q, z, y, p_scaled, src_lengths, ctx.left_pad,
+                                        dp_scaled)
     return dq, dz, dy, None, None
 
 

@@ -2,8 +2,9 @@
 
 Backends, in priority order per device:
 
-* CPU tensors: ``cpp`` (the C++ extension) then ``reference``;
-  ``triton`` is eligible on the CPU only under the interpreter (``TRITON_INTERPRET=1``).
+* CPU tensors: ``cpp`` (the C++ extension) then ``reference``; ``triton`` runs CPU tensors
+  only under its interpreter (``TRITON_INTERPRET=1``), and only when named: the interpreter
+  proves the kernels correct but is far too slow for ``auto`` to pick it.
 * CUDA tensors: ``triton`` then ``reference``.
 
 A backend registers one implementation per op with a ``check`` that returns the reasons
@@ -70,7 +71,7 @@ def available_backends() -> Dict[str, Optional[str]]:
 def _priority(device: torch.device) -> List[str]:
     if device.type == "cuda":
         return ["triton", "reference"]
-    return ["cpp", "triton", "reference"]
+    return ["cpp", "reference"]
 
 
 def requested_backends(backend: Optional[str]) -> List[str]:
@@ -94,8 +95,6 @@ def reasons(backend: str, op: str, device: torch.device, *args, **kwargs) -> Lis
     impl = _REGISTRY[backend].get(op)
     if impl is None:
         return [f"{backend} has no implementation of {op}"]
-    if backend == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        return ["triton runs CPU tensors only under the interpreter (TRITON_INTERPRET=1)"]
     if backend == "cpp" and device.type != "cpu":
         return [f"cpp runs CPU tensors only, got {device.type}"]
     return impl.check(*args, **kwargs)

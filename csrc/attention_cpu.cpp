@@ -113,11 +113,17 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
 // Returns (dq, dz, dy).
 std::vector<at::Tensor> attention_backward(const at::Tensor& dctx, const at::Tensor& q, const at::Tensor& z,
                                            const at::Tensor& y, const at::Tensor& p_scaled,
-                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad) {
+                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad,
+                                           const c10::optional<at::Tensor>& dp_extra) {
   const int64_t B = q.size(0), T = q.size(1), S = z.size(1);
   at::Tensor holder;
   const int64_t* lengths = lengths_ptr(src_lengths, holder, B, S);
-  const at::Tensor dp_scaled = at::bmm(dctx, y.transpose(1, 2)).contiguous();
+  at::Tensor dp_scaled = at::bmm(dctx, y.transpose(1, 2));
+  if (dp_extra.has_value() && dp_extra->defined()) {
+    TORCH_CHECK(dp_extra->sizes() == dp_scaled.sizes(), "dp_extra must have shape (B, T, S)");
+    dp_scaled.add_(*dp_extra);  // the probabilities' own gradient (alignment losses)
+  }
+  dp_scaled = dp_scaled.contiguous();
   at::Tensor dy = at::bmm(p_scaled.transpose(1, 2), dctx);
   at::Tensor dscores = at::empty({B, T, S}, q.options());
   TORCH_CHECK(p_scaled.is_contiguous(), "p_scaled must be contiguous");

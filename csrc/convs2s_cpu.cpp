@@ -19,7 +19,8 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad);
 std::vector<at::Tensor> attention_backward(const at::Tensor& dctx, const at::Tensor& q, const at::Tensor& z,
                                            const at::Tensor& y, const at::Tensor& p_scaled,
-                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad);
+                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad,
+                                           const c10::optional<at::Tensor>& dp_extra);
 
 // y = x @ weight.T + bias for x (M <= 8, K) and weight (N, K), float32 or bf16: a decoding step's Linear.
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
@@ -53,7 +54,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_forward", &convs2s::attention_forward,
         "sqrt(s) * softmax(q z^T) y over valid source steps; returns (context, p_scaled)", py::arg("q"),
         py::arg("z"), py::arg("y"), py::arg("src_lengths"), py::arg("left_pad"));
-  m.def("attention_backward", &convs2s::attention_backward, "gradients of attention_forward: (dq, dz, dy)",
+  m.def("attention_backward", &convs2s::attention_backward,
+        "gradients of attention_forward: (dq, dz, dy); dp_extra is a gradient reaching p_scaled directly",
         py::arg("dctx"), py::arg("q"), py::arg("z"), py::arg("y"), py::arg("p_scaled"), py::arg("src_lengths"),
-        py::arg("left_pad"));
+        py::arg("left_pad"), py::arg("dp_extra"));
 }

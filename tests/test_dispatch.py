@@ -38,8 +38,16 @@ def test_env_var_forces_backend(monkeypatch):
 
 
 def test_explicit_backend_that_cannot_run_lists_reasons():
-    with pytest.raises(ck.BackendUnavailableError, match="triton"):
-        ck.conv_glu(torch.randn(1, 3, 4), torch.randn(3, 4, 6), causal=True, backend="triton")
+    # bf16 on CPU tensors: triton refuses (the interpreter has no bf16; or no GPU / no triton at all)
+    x, w = torch.randn(1, 3, 4, dtype=torch.bfloat16), torch.randn(3, 4, 6, dtype=torch.bfloat16)
+    with pytest.raises(ck.BackendUnavailableError, match="backend 'triton' cannot run conv_glu: triton"):
+        ck.conv_glu(x, w, causal=True, backend="triton")
+
+
+def test_auto_never_picks_the_triton_interpreter_on_cpu():
+    x, w = torch.randn(1, 3, 4, dtype=torch.float16), torch.randn(3, 4, 6, dtype=torch.float16)
+    # cpp has no fp16: auto goes to the reference, not to the (slow) interpreter
+    assert dispatch.selected_backend_name("conv_glu", x.device, None, x, w, causal=True) == "reference"
 
 
 def test_auto_falls_back_when_grad_is_needed():
