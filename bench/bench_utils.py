@@ -8,6 +8,8 @@ import torch
 SMOKE = os.environ.get("CONVS2S_BENCH_SMOKE") == "1"
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+if torch.cuda.is_available():  # fp16 is a GPU dtype (no CPU backend runs it fast)
+    DTYPES["fp16"] = torch.float16
 
 
 def shapes(paper, smoke):

@@ -15,7 +15,7 @@ SHAPES = shapes(paper=[(m, k, n) for m in (1, 5, 8) for k, n in ((512, 1024), (7
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("shape", [pytest.param(s, id=f"M{s[0]}_K{s[1]}_N{s[2]}") for s in SHAPES])
-@pytest.mark.parametrize("backend", ["reference", "cpp", "triton"])
+@pytest.mark.parametrize("backend", ["reference", "cpp"])  # on GPUs a linear is a cuBLAS GEMM
 def test_linear(benchmark, runnable, peaks, device, backend, shape, dtype_name):
     m, k, n = shape
     dtype = DTYPES[dtype_name]

@@ -138,6 +138,9 @@ def check_backends(names: Sequence[str], device: torch.device) -> List[str]:
             raise SpeedTableError(f"backend {name!r} is not available here: {avail[name]}")
         if name == "cpp" and device.type != "cpu":
             raise SpeedTableError("backend 'cpp' runs on the CPU only; use --device cpu")
+        if name == "triton" and device.type == "cpu":
+            raise SpeedTableError("backend 'triton' times GPUs only (on the CPU it runs in its interpreter, "
+                                  "a correctness tool); use --device cuda")
         out.append(name)
     return out
 
@@ -148,6 +151,8 @@ def default_backends(device: torch.device) -> List[str]:
     usable = [b for b, why in ck.available_backends().items() if why is None]
     if device.type != "cpu":
         usable = [b for b in usable if b != "cpp"]
+    else:  # on CPU tensors Triton runs only in its interpreter: a correctness tool, not a speed
+        usable = [b for b in usable if b != "triton"]
     return sorted(usable, key=lambda b: b != "reference")  # reference first: the baseline
 
 

@@ -53,7 +53,7 @@ def test_speed_table_runs_every_available_backend(tmp_path, capsys):
     result = json.loads(out_json.read_text())
     import convs2s_kernels as ck
 
-    available = [b for b, why in ck.available_backends().items() if why is None]
+    available = [b for b, why in ck.available_backends().items() if why is None and b != "triton"]
     assert {(r["backend"], r["decoder"], r["beam"]) for r in result["rows"]} == \
         {(b, d, k) for b in available for d in ("plain", "folded") for k in (1, 2)}
     lengths = synthetic_lengths()[:5]
@@ -98,7 +98,8 @@ def test_speed_table_errors_name_the_problem(tmp_path, capsys):
     assert main(["bench", "speed-table", *TINY, "--backends", "gpu9000"]) == 2
     assert "unknown backend 'gpu9000'" in capsys.readouterr().err
     assert main(["bench", "speed-table", *TINY, "--backends", "triton"]) == 2
-    assert "backend 'triton' is not available here" in capsys.readouterr().err
+    err = capsys.readouterr().err  # no GPU: either unavailable, or refused as the interpreter
+    assert "backend 'triton' is not available here" in err or "backend 'triton' times GPUs only" in err
     assert main(["bench", "speed-table", *TINY, "--reference", str(tmp_path / "r.txt")]) == 2
     assert "--reference needs --checkpoint" in capsys.readouterr().err
     assert main(["bench", "speed-table", *TINY, "--dtype", "fp8"]) == 2

@@ -30,7 +30,7 @@ _FWD_CONFIGS = configs(
         dict(BLOCK_T=16, BLOCK_S=64, BLOCK_E=128, BLOCK_D=64, num_warps=4, num_stages=2),  # decoding: T = 1
         dict(BLOCK_T=64, BLOCK_S=32, BLOCK_E=64, BLOCK_D=64, num_warps=4, num_stages=3),
     ],
-    interpreter=dict(BLOCK_T=16, BLOCK_S=16, BLOCK_E=32, BLOCK_D=32),
+    interpreter=dict(BLOCK_T=16, BLOCK_S=16, BLOCK_E=64, BLOCK_D=64),
 )
 _TILE_CONFIGS = configs(
     gpu=[
@@ -38,7 +38,7 @@ _TILE_CONFIGS = configs(
         dict(BLOCK_T=32, BLOCK_S=32, BLOCK_D=64, num_warps=4, num_stages=3),
         dict(BLOCK_T=16, BLOCK_S=64, BLOCK_D=64, num_warps=4, num_stages=2),
     ],
-    interpreter=dict(BLOCK_T=16, BLOCK_S=16, BLOCK_D=32),
+    interpreter=dict(BLOCK_T=16, BLOCK_S=16, BLOCK_D=64),
 )
 _BMM_CONFIGS = configs(
     gpu=[
@@ -46,7 +46,7 @@ _BMM_CONFIGS = configs(
         dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=32, num_warps=4, num_stages=3),
         dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=32, num_warps=4, num_stages=2),
     ],
-    interpreter=dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16),
+    interpreter=dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32),
 )
 
 

@@ -35,7 +35,7 @@ _GEMM_CONFIGS = configs(
         dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3),
         dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
     ],
-    interpreter=dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32),
+    interpreter=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
 )
 
 
@@ -112,7 +112,7 @@ def _conv_glu_bwd_dpre_kernel(
     ACC: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    pid_m = tl.program_id(0).to(tl.int64)
     rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     v, g = _tap_gemm(x_ptr, w_ptr, mask_ptr, rows, cols, M, T, C_in, C,

@@ -24,7 +24,7 @@ _STEP_CONFIGS = configs(
         dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
         dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=3),
     ],
-    interpreter=dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32),
+    interpreter=dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64),
 )
 
 
