@@ -10,7 +10,6 @@ so an in-place shift would overwrite a state another row still has to read.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
