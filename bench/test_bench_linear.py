@@ -1,6 +1,7 @@
-"""The decoding step's projections (``linear``): a few rows (sentences x beam) against a large
-weight, per backend. Shapes of the WMT'14 En-Fr decoder: a 512->1024 residual projection, the
-768->512 input projection and the 256->40000 vocabulary projection, at 1, 5 and 8 rows."""
+"""The decoding step's projections (``linear``, and ``linear_int8`` with int8 weights): a few rows
+(sentences x beam) against a large weight, per backend. Shapes of the WMT'14 En-Fr decoder: a
+512->1024 residual projection, the 768->512 attention projection, the 4096->512 output
+projection (fc2) and the 512->40000 vocabulary projection (fc3), at 1, 5 and 8 rows."""
 
 import pytest
 import torch
@@ -9,8 +10,8 @@ import convs2s_kernels as ck
 
 from bench_utils import DTYPES, record, run_timed, shapes
 
-SHAPES = shapes(paper=[(m, k, n) for m in (1, 5, 8) for k, n in ((512, 1024), (768, 512), (256, 40000))],
-                smoke=[(5, 16, 24)])
+SHAPES = shapes(paper=[(m, k, n) for m in (1, 5, 8) for k, n in ((512, 1024), (768, 512), (4096, 512), (512, 40000))],
+                smoke=[(1, 16, 24), (5, 16, 24)])
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
@@ -32,3 +33,31 @@ def test_linear(benchmark, runnable, peaks, device, backend, shape, dtype_name):
     run_timed(benchmark, run, device)
     record(benchmark, flops=2.0 * m * k * n, bytes_moved=x.element_size() * (w.numel() + n + m * (k + n)),
            peaks=peaks, dtype_name=dtype_name)
+
+
+@pytest.mark.parametrize("shape", [pytest.param(s, id=f"M{s[0]}_K{s[1]}_N{s[2]}") for s in SHAPES])
+@pytest.mark.parametrize("provider", ["fp32-weights", "reference", "cpp"])
+def test_linear_int8(benchmark, runnable, peaks, device, provider, shape):
+    """int8 weights against the float32 product they replace (``fp32-weights``: F.linear with the
+    original weight); ``reference`` dequantises on every call (the definition, not a fast path)."""
+    m, k, n = shape
+    x = torch.randn(m, k, device=device)
+    w = torch.randn(n, k, device=device) / k ** 0.5
+    b = torch.randn(n, device=device)
+    q, s = ck.quantize_int8(w)
+    if provider == "fp32-weights":
+        def run():
+            with torch.no_grad():
+                return torch.nn.functional.linear(x, w, b)
+        weight_bytes = 4 * w.numel()
+    else:
+        runnable(provider, "linear_int8", x, q, s, b)
+
+        def run():
+            with torch.no_grad():
+                return ck.linear_int8(x, q, s, b, backend=provider)
+        weight_bytes = q.numel() + 4 * n
+    benchmark.group = f"linear_int8 M{m} K{k} N{n}"
+    run_timed(benchmark, run, device)
+    record(benchmark, flops=2.0 * m * k * n, bytes_moved=weight_bytes + 4 * (n + m * (k + n)),
+           peaks=peaks, dtype_name="fp32")

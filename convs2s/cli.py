@@ -105,6 +105,8 @@ def _load_for_translation(args):
     model, src_dict, tgt_dict = convs2s.load_fairseq(args.fairseq_checkpoint, args.fairseq_dicts,
                                                       trust_pickle=args.trust_pickle)
     model.use_backend(args.backend)
+    if args.int8:
+        model.quantize_decoder_int8()
     return model, src_dict, tgt_dict
 
 
@@ -267,6 +269,9 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help="kernel backend: auto, cpp, triton, reference")
     p.add_argument("--fold-attention", action="store_true",
                    help="precompute the attention projections per sentence (same output, faster steps)")
+    p.add_argument("--int8", action="store_true",
+                   help="decode with int8 decoder weights (float32 activations): less memory traffic per step, "
+                        "a small translation-quality cost (see the README)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
 
 
@@ -291,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--backends", type=_name_list, default=None,
                     help="comma-separated (default: every backend available on the device)")
     st.add_argument("--device", default="cpu")
-    st.add_argument("--dtype", type=_name_list, default=["fp32"], help="fp32, bf16 or both (comma-separated)")
+    st.add_argument("--dtype", type=_name_list, default=["fp32"], help="fp32, bf16, int8 (fp32 activations, int8 decoder weights), comma-separated")
     st.add_argument("--decoders", type=_name_list, default=["plain"],
                     help="plain and/or folded (attention projections precomputed per sentence; exact)")
     st.add_argument("--batch-size", type=_positive_int, default=128)

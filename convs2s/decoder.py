@@ -231,9 +231,7 @@ class Decoder(nn.Module):
         ):
             residual = residual_input(residuals, proj, r, lin_backend)
             x = F.dropout(x, self.dropout, self.training)
-            x, state.conv_states[i] = ck.conv_step(
-                x, state.conv_states[i], conv.effective_weight(), conv.bias, parents, backend=backend
-            )
+            x, state.conv_states[i] = conv.step(x, state.conv_states[i], parents, backend)
             if attention is not None:
                 # A sentence's beams are its queries: (N, C) -> (B, beam, C) against one encoder copy.
                 h = x.view(B, beam, -1)

@@ -8,7 +8,7 @@ parameters, exactly as fairseq's state dicts hold them, and can be folded into a
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -56,6 +56,26 @@ class WeightNormed(nn.Module):
             self._wn_cache = (v * (g / self._norm(v, self.wn_dim))).detach()
             self._wn_cache_key = key
         return self._wn_cache
+
+    # --- weight-only int8 for decoding steps ---------------------------------------------------
+    use_int8 = False  # set by ConvS2SModel.quantize_decoder_int8; never touches the parameters
+
+    def _int8_matrix(self) -> torch.Tensor:
+        """The (N, K) matrix a decoding step multiplies by (per-output-row quantisation)."""
+        raise NotImplementedError
+
+    def int8_weight(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """``(qweight int8 (N, K), scale (N,))`` of the effective weight when int8 decoding is on,
+        quantised once and kept until the weight changes; None when it is off."""
+        if not self.use_int8:
+            return None
+        w = self.effective_weight()
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        if getattr(self, "_int8_key", None) != key:
+            with torch.no_grad():
+                self._int8 = ck.quantize_int8(self._int8_matrix())
+            self._int8_key = key
+        return self._int8
 
     @torch.no_grad()
     def fold_weight_norm(self) -> None:
@@ -109,7 +129,13 @@ class Linear(WeightNormed):
     def forward(self, x: torch.Tensor, backend: Optional[str] = None) -> torch.Tensor:
         if backend is None:
             return F.linear(x, self.effective_weight(), self.bias)
+        quantized = self.int8_weight()
+        if quantized is not None:
+            return ck.linear_int8(x, *quantized, self.bias, backend=backend)
         return ck.linear(x, self.effective_weight(), self.bias, backend=backend)
+
+    def _int8_matrix(self) -> torch.Tensor:
+        return self.effective_weight()
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, weight_norm={self.weight_normed}"
@@ -135,6 +161,24 @@ class ConvTBCWeight(WeightNormed):
     def extra_repr(self) -> str:
         return (f"in={self.in_channels}, out={self.out_channels}, k={self.kernel_width}, "
                 f"weight_norm={self.weight_normed}")
+
+    def _int8_matrix(self) -> torch.Tensor:
+        # the linearised step weight (k * C_in, 2C), transposed: one quantisation row per output channel
+        w = self.effective_weight()
+        return w.reshape(-1, w.shape[2]).t()
+
+    def step(self, x: torch.Tensor, state: torch.Tensor, parents: Optional[torch.Tensor],
+             backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One decoding step: the fused ``conv_step`` op, or with int8 weights the same reorder,
+        shift and append followed by the int8 product and GLU."""
+        quantized = self.int8_weight()
+        if quantized is None:
+            return ck.conv_step(x, state, self.effective_weight(), self.bias, parents, backend=backend)
+        if parents is not None:
+            state = state.index_select(0, parents)
+        window = torch.cat([state, x.unsqueeze(1)], dim=1)
+        pre = ck.linear_int8(window.flatten(1), *quantized, self.bias, backend=backend or "auto")
+        return F.glu(pre, dim=-1), window[:, 1:]
 
 
 def embedding(num_embeddings: int, dim: int, padding_idx: int) -> nn.Embedding:

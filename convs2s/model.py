@@ -94,6 +94,16 @@ class ConvS2SModel(nn.Module):
                 m.fold_weight_norm()
         return self
 
+    def quantize_decoder_int8(self, enabled: bool = True) -> "ConvS2SModel":
+        """Weight-only int8 for decoding steps (``decode_step``, ``generate``): every decoder linear
+        layer and convolution multiplies by its weight quantised per output row (a quarter of
+        float32's bytes to stream); activations and sums stay float32. The parameters and the full
+        forward (training, scoring) are untouched; ``enabled=False`` turns it off."""
+        for m in self.decoder.modules():
+            if isinstance(m, WeightNormed):
+                m.use_int8 = enabled
+        return self
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 

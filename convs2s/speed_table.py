@@ -42,7 +42,10 @@ PAPER_ROWS = [
 ]
 PAPER_SENTENCES = 6003
 SUBSET_SEED = 2017  # the fixed shuffled order the default subset is cut from
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# the model's dtype per row; "int8" is the float32 model decoding with int8 weights
+# (ConvS2SModel.quantize_decoder_int8), held against the float32 GEMM peak
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
+PEAK_OF = {"fp32": "fp32", "bf16": "bf16", "int8": "fp32"}
 
 
 class SpeedTableError(ValueError):
@@ -233,11 +236,12 @@ def run(*, arch: str = "fconv_wmt_en_fr", checkpoint: Optional[str] = None, dict
     # --- timing ----------------------------------------------------------------------------
     from convs2s_kernels.roofline import measure_peaks
 
-    peaks = measure_peaks(dev, [DTYPES[d] for d in dtypes])
+    peaks = measure_peaks(dev, sorted({DTYPES[d] for d in dtypes}, key=str))
     rows: List[Row] = []
     src_tokens = sum(len(s) for s in ids)
     for dtype_name in dtypes:
         model.to(device=dev, dtype=DTYPES[dtype_name])
+        model.quantize_decoder_int8(dtype_name == "int8")
         for backend in backends:
             model.use_backend(backend)
             generate(model, ids[:1], beam=max(beams), max_len_b=3)  # warm-up: allocations, caches
@@ -264,10 +268,11 @@ def run(*, arch: str = "fconv_wmt_en_fr", checkpoint: Optional[str] = None, dict
                     gflops = flops / secs / 1e9
                     rows.append(Row(backend, decoder, dtype_name, beam, len(ids), src_tokens, tgt_tokens, secs,
                                     len(ids) / secs, tgt_tokens / secs, gflops,
-                                    gflops / peaks[f"gemm_gflops_{dtype_name}"], bleu))
+                                    gflops / peaks[f"gemm_gflops_{PEAK_OF[dtype_name]}"], bleu))
                     log(f"{backend:<10} {decoder:<7} {dtype_name:<5} beam {beam}: {secs:.2f} s, "
                         f"{tgt_tokens / secs:.1f} tok/s")
     model.use_backend(None)
+    model.quantize_decoder_int8(False)
     setup = dict(arch=arch_name, checkpoint=checkpoint, source=source or "synthetic newstest lengths",
                  sentences=len(ids), of_sentences=n_total, subset="all" if sentences is None else
                  f"first {len(ids)} of a fixed shuffled order (seed {SUBSET_SEED})",
@@ -293,20 +298,22 @@ def format_table(result: dict) -> str:
             f"{k[len('gemm_gflops_'):]} {v:.0f} GFLOP/s" for k, v in machine.items() if k.startswith("gemm_gflops_"))
         + (f"; copy {machine['copy_gbps']:.1f} GB/s." if "copy_gbps" in machine else ".")
         + " GFLOP/s count the plain decoder's work for every row; speedups are over the reference backend's"
-          " plain decoder in the same dtype.",
+          " plain decoder in the same dtype, and in fp32 (int8 rows: fp32 activations, int8 decoder weights).",
         "",
         "| device | backend | decoder | dtype | beam | BLEU | time (s) | time for 6003 (s, extrapolated) | sent/s | tok/s "
-        "| GFLOP/s | % of GEMM peak | speedup vs reference |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| GFLOP/s | % of GEMM peak | speedup vs reference | vs fp32 reference |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ref = base.get((r["dtype"], r["beam"]))
         speed = f"{ref / r['seconds']:.2f}x" if ref else "n/a"
+        ref32 = base.get(("fp32", r["beam"]))
+        speed32 = f"{ref32 / r['seconds']:.2f}x" if ref32 else "n/a"
         bleu = f"{r['bleu']:.2f}" if r.get("bleu") is not None else "-"
         lines.append(f"| {device_label(machine)} | {r['backend']} | {r.get('decoder', 'plain')} | {r['dtype']} | {r['beam']} | {bleu} | "
                      f"{r['seconds']:.2f} | {r['seconds'] * scale:,.0f} | {r['sentences_per_s']:.2f} | "
                      f"{r['tokens_per_s']:.1f} | {r['gflops_per_s']:.1f} | {100 * r['fraction_of_gemm_peak']:.0f}% "
-                     f"| {speed} |")
+                     f"| {speed} | {speed32} |")
     if setup["sentences"] < setup["of_sentences"]:
         lines += ["", f"The 6003-sentence column scales this subset's time linearly; the full set batches up to "
                       f"{setup['batch_size']} equal-length sentences far more often, so it runs faster than that "

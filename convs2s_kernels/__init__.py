@@ -6,7 +6,8 @@ Public ops (each takes ``backend=`` "auto" | "triton" | "cpp" | "reference"; the
 * :func:`conv_glu` — convolution (causal or centred) + GLU + bias + residual + scale;
 * :func:`attention_embsum` — softmax(q z^T) over source positions, values z + e, sqrt(s) scale;
 * :func:`conv_step` — one incremental decoding step with beam reorder of the conv state;
-* :func:`linear` — ``x @ weight.T + bias`` for the few rows of a decoding step.
+* :func:`linear` — ``x @ weight.T + bias`` for the few rows of a decoding step;
+* :func:`linear_int8` — the same with int8 weights (:func:`quantize_int8`), for decoding.
 
 Their pure-PyTorch references are in :mod:`convs2s_kernels.reference` (``*_ref``).
 """
@@ -15,7 +16,8 @@ from . import reference
 from . import _cpp  # noqa: F401  (registers the cpp backend, or records why it is missing)
 from . import _triton_probe  # noqa: F401  (records whether the triton backend can run)
 from .dispatch import BackendUnavailableError, available_backends
-from .ops import attention_embsum, conv_glu, conv_step, linear
+from .ops import attention_embsum, conv_glu, conv_step, linear, linear_int8
+from .reference import quantize_int8
 
 __version__ = "0.1.0"
 
@@ -25,6 +27,8 @@ __all__ = [
     "attention_embsum",
     "conv_step",
     "linear",
+    "linear_int8",
+    "quantize_int8",
     "available_backends",
     "BackendUnavailableError",
     "reference",

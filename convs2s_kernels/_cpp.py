@@ -177,8 +177,8 @@ def _linear_check(x, weight, bias=None) -> List[str]:
     why = []
     if x.dtype not in (torch.float32, torch.bfloat16):
         why.append(f"cpp linear takes float32 or bf16, got {x.dtype}")
-    if x.dim() != 2 or not 2 <= x.shape[0] <= 8:
-        why.append(f"cpp linear takes 2..8 rows of a 2-D input (decoding), got shape {tuple(x.shape)}")
+    if x.dim() != 2 or not 1 <= x.shape[0] <= 8:
+        why.append(f"cpp linear takes 1..8 rows of a 2-D input (decoding), got shape {tuple(x.shape)}")
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         why.append("cpp linear has no backward; inputs require grad")
     return why
@@ -187,3 +187,20 @@ def _linear_check(x, weight, bias=None) -> List[str]:
 @register("cpp", "linear", check=_linear_check)
 def linear_cpp(x, weight, bias=None):
     return _C.small_linear(x, weight, bias)
+
+
+# --- weight-only int8 linear (decoding) ------------------------------------------------------------
+def _linear_int8_check(x, qweight, scale, bias=None) -> List[str]:
+    why = []
+    if x.dtype != torch.float32 or scale.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
+        why.append(f"cpp linear_int8 takes float32 activations, scale and bias, got x {x.dtype}")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, scale, bias)):
+        why.append("cpp linear_int8 has no backward; inputs require grad")
+    return why
+
+
+@register("cpp", "linear_int8", check=_linear_int8_check)
+def linear_int8_cpp(x, qweight, scale, bias=None):
+    lead = x.shape[:-1]
+    y = _C.linear_int8(x.reshape(-1, x.shape[-1]), qweight, scale, bias)
+    return y.view(*lead, qweight.shape[0])

@@ -14,13 +14,14 @@ from . import reference
 from ._checks import check_index, check_same, check_shape, check_tensor
 from .dispatch import register, resolve
 
-__all__ = ["conv_glu", "attention_embsum", "conv_step", "linear"]
+__all__ = ["conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8"]
 
 # The reference backend implements everything, for every device and dtype, with autograd.
 register("reference", "conv_glu")(reference.conv_glu_ref)
 register("reference", "attention_embsum")(reference.attention_embsum_ref)
 register("reference", "conv_step")(reference.conv_step_ref)
 register("reference", "linear")(torch.nn.functional.linear)
+register("reference", "linear_int8")(reference.linear_int8_ref)
 
 
 def _autocast_inputs(device: torch.device, *tensors):
@@ -170,3 +171,30 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     check_same("x", x, weight=weight, bias=bias)
     fn = resolve("linear", x.device, backend, x, weight, bias)
     return fn(x, weight, bias)
+
+
+def linear_int8(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                *, backend: Optional[str] = None) -> torch.Tensor:
+    """``x @ (qweight * scale[:, None]).T + bias``: weight-only int8 for the decoding step, where
+    streaming the weights bounds the time (a quarter of float32's bytes; activations and sums stay
+    in ``x``'s dtype). ``x (..., K)``, ``qweight (N, K)`` int8 and ``scale (N,)`` from
+    :func:`convs2s_kernels.reference.quantize_int8`, ``bias (N,)``. See ``linear_int8_ref``."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        raise TypeError("x must be a tensor of shape (..., K)")
+    check_tensor("x", x, x.dim())
+    check_tensor("qweight", qweight, 2, floating=False)
+    if qweight.dtype != torch.int8:
+        raise TypeError(f"qweight must be int8 (from quantize_int8), got {qweight.dtype}")
+    N, K = qweight.shape
+    if K != x.shape[-1]:
+        raise ValueError(f"qweight expects {K} input features but x has {x.shape[-1]}")
+    check_tensor("scale", scale, 1)
+    check_shape("scale", scale, (N,), "(N,)")
+    if bias is not None:
+        check_tensor("bias", bias, 1)
+        check_shape("bias", bias, (N,), "(N,)")
+    for name, t in (("qweight", qweight), ("scale", scale), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    fn = resolve("linear_int8", x.device, backend, x, qweight, scale, bias)
+    return fn(x, qweight, scale, bias)

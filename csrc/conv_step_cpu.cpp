@@ -77,8 +77,8 @@ std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tenso
   const at::Tensor w2 = weight.view({k * c_in, c2});
   at::Tensor pre;
   const bool few_row_dtype = x_t.scalar_type() == at::kFloat || x_t.scalar_type() == at::kBFloat16;
-  if (few_row_dtype && rows >= 2 && rows <= kSmallGemmMaxRows) {
-    // few rows: stream the weight once instead of packing it for a GEMM library (one row: BLAS's gemv)
+  if (few_row_dtype && rows >= 1 && rows <= kSmallGemmMaxRows) {
+    // few rows (one included): stream the weight once instead of packing it for a GEMM library
     pre = small_gemm(flat, w2, bias, /*w_is_nk=*/false);
   } else {
     pre = bias.has_value() ? at::addmm(*bias, flat, w2) : at::mm(flat, w2);

@@ -50,6 +50,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("need_residual_grad"));
   m.def("small_linear", &convs2s::small_linear, "x @ weight.T + bias for 1..8 float32 or bf16 rows",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  m.def("linear_int8", &convs2s::small_gemm_int8,
+        "x @ (qweight * scale[:, None]).T + bias: float32 x, int8 (N, K) weight with a float32 scale per row",
+        py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"));
   m.def("small_gemm_isa", &convs2s::small_gemm_isa, "instruction set of the few-row kernels on this CPU");
   m.def("attention_forward", &convs2s::attention_forward,
         "sqrt(s) * softmax(q z^T) y over valid source steps; returns (context, p_scaled)", py::arg("q"),

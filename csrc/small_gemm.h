@@ -7,20 +7,26 @@ namespace convs2s {
 
 constexpr int64_t kSmallGemmMaxRows = 8;
 
-// y[m, n] = sum_k x[m, k] w[n, k] + b[n]: w is (N, K) row-major, as nn.Linear stores it.
-// W is float or at::BFloat16; x, b and y are float32.
+// y[m, n] = s[n] * sum_k x[m, k] w[n, k] + b[n]: w is (N, K) row-major, as nn.Linear stores it.
+// W is float, at::BFloat16 or int8_t; x, b, s and y are float32; s (the per-output scale of int8
+// weights) and b may be null.
 template <typename W>
 void small_gemm_nk(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t N, int64_t K,
-                   const float* b, float* y, int64_t ldy);
-// y[m, n] = sum_k x[m, k] w[k, n] + b[n]: w is (K, N) row-major, as the linearised conv weight.
+                   const float* b, float* y, int64_t ldy, const float* s = nullptr);
+// y[m, n] = s[n] * sum_k x[m, k] w[k, n] + b[n]: w is (K, N) row-major, as the linearised conv weight.
 template <typename W>
 void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t K, int64_t N,
-                   const float* b, float* y, int64_t ldy);
+                   const float* b, float* y, int64_t ldy, const float* s = nullptr);
 
 // Few-row product through the kernels above for float32 or bf16 tensors: x (M, K) any strides
 // with a contiguous last dim, w contiguous ((N, K) if w_is_nk else (K, N)); returns (M, N) in
 // x's dtype (bf16 results rounded once from the float32 accumulators, as a bf16 GEMM would).
 at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool w_is_nk);
+// x (M, K) float32 @ (qweight (N, K) int8 * scale (N,) per row)^T + bias: weight-only int8 for
+// decoding (a quarter of float32's bytes streamed, float32 activations and accumulation); more
+// than 8 rows dequantise the weight once and run a GEMM.
+at::Tensor small_gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                           const c10::optional<at::Tensor>& bias);
 // The instruction set the kernels were dispatched to on this CPU.
 const char* small_gemm_isa();
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import convs2s
+import convs2s_kernels as ck
 from convs2s.architectures import ARCHITECTURES, parse_layer_spec
 from convs2s.encoder import EOS, PAD
 
@@ -266,3 +267,30 @@ def test_package_works_without_the_extension(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("OK")
+
+
+def test_int8_decoding_is_close_to_fp32_and_equal_across_backends():
+    model = small("fconv_iwslt_de_en")
+    src, prev = random_batch(2, 6, 5, lengths=[6, 3])
+    fp32, _ = step_logits(model, src, prev)
+    with torch.no_grad():
+        full_before, _ = model(src, None, prev)
+    model.quantize_decoder_int8()
+    with torch.no_grad():
+        full_after, _ = model(src, None, prev)
+    assert torch.equal(full_before, full_after), "int8 is for decoding steps only: the full forward is untouched"
+    per_backend = {}
+    for backend in ("reference", "cpp"):
+        if ck.available_backends()[backend] is not None:
+            continue
+        model.use_backend(backend)
+        per_backend[backend], _ = step_logits(model, src, prev)
+    model.use_backend(None)
+    int8 = per_backend["reference"]
+    rel = ((int8 - fp32).norm() / fp32.norm()).item()
+    assert 0 < rel < 0.1, f"int8 logits differ from fp32 by {rel:.3f} (relative L2)"
+    if "cpp" in per_backend:
+        torch.testing.assert_close(per_backend["cpp"], int8, atol=1e-5, rtol=1e-4)
+    model.quantize_decoder_int8(False)
+    again, _ = step_logits(model, src, prev)
+    assert torch.equal(again, fp32), "turning int8 off restores the float32 weights exactly"

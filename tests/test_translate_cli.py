@@ -121,3 +121,17 @@ def test_bad_options_fail_before_loading(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["translate", "--min-len", "-1"])
     assert "must be >= 0" in capsys.readouterr().err
+
+
+def test_translate_int8_equals_generate_with_int8_weights(fixture_dir, tmp_path):
+    lines = fixture_lines(fixture_dir)[:3]
+    src, out_file = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("\n".join(lines) + "\n")
+    ckpt = str(fixture_dir / "checkpoint.pt")
+    assert main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(src), "--output", str(out_file),
+                 "--beam", "2", "--max-len-b", "5", "--int8", "--fold-attention"]) == 0
+    model, src_dict, tgt_dict = convs2s.load_fairseq(ckpt)
+    model.quantize_decoder_int8()
+    ids = [src_dict.encode(l.split()) for l in lines]
+    hyps = convs2s.generate(model, ids, beam=2, max_len_b=5, fold_attention=True)
+    assert out_file.read_text().split("\n")[:-1] == [tgt_dict.string(h[0]["tokens"]) for h in hyps]
