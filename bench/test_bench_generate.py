@@ -64,3 +64,53 @@ def test_generate(benchmark, runnable, peaks, device, models, backend, beam, dty
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     record(benchmark, flops=generation_flops(model, [LENGTH] * SENTENCES, tokens, beam),
            bytes_moved=weights * (FORCED + 1), peaks=peaks, dtype_name=dtype_name)
+
+
+# One sentence at a time (interactive use), the decoder options of the CPU path side by side:
+# (backend, decoder, weights, vocabulary). The first is the baseline of the ratios.
+CONFIGS = {
+    "reference-plain-fp32-full": ("reference", False, False, False),
+    "cpp-folded-fp32-full": ("cpp", True, False, False),
+    "cpp-folded-int8-full": ("cpp", True, True, False),
+    "cpp-folded-fp32-shortlist": ("cpp", True, False, True),
+    "cpp-folded-int8-shortlist": ("cpp", True, True, True),
+}
+SHORTLIST_TOP = shapes(paper=2000, smoke=20)  # most frequent target words kept, plus each source word's list
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+@pytest.mark.parametrize("provider", list(CONFIGS))
+def test_generate_one_sentence(benchmark, runnable, peaks, device, models, provider, beam):
+    from convs2s.shortlist import Shortlist
+
+    backend, fold, int8, use_shortlist = CONFIGS[provider]
+    model = models("fp32")
+    x = torch.zeros(1, 8, device=device)
+    if int8:
+        runnable(backend, "linear_int8", x, torch.zeros(4, 8, dtype=torch.int8, device=device), torch.ones(4, device=device))
+    else:
+        runnable(backend, "conv_step", x, torch.zeros(1, 2, 8, device=device), torch.zeros(3, 8, 16, device=device))
+    g = torch.Generator().manual_seed(3)
+    source = [torch.randint(4, VOCAB, (LENGTH,), generator=g).tolist()]
+    # a lexical table of 20 candidates per source word, as a word-alignment dictionary would give
+    table = {s: torch.randint(4, VOCAB, (20,), generator=g).tolist() for s in source[0]}
+    shortlist = Shortlist(table, VOCAB, top=SHORTLIST_TOP) if use_shortlist else None
+    model.use_backend(backend).quantize_decoder_int8(int8)
+    benchmark.group = f"generate one sentence {ARCH} {LENGTH} tokens beam {beam}"
+
+    def run():
+        return convs2s.generate(model, source, beam=beam, max_len_a=1.2, max_len_b=10, forced_length=[FORCED],
+                                fold_attention=fold, shortlist=shortlist)
+
+    try:
+        hyps = run()
+        benchmark.pedantic(run, rounds=1 if SMOKE else 3, iterations=1)
+    finally:
+        model.use_backend(None).quantize_decoder_int8(False)
+    tokens = [len(h[0]["tokens"]) for h in hyps]
+    assert tokens == [FORCED + 1]
+    benchmark.extra_info["target_tokens"] = sum(tokens)
+    benchmark.extra_info["vocabulary"] = int(shortlist.candidates(torch.tensor(source)).numel()) if shortlist else VOCAB
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    record(benchmark, flops=generation_flops(model, [LENGTH], tokens, beam),
+           bytes_moved=weights * (FORCED + 1), peaks=peaks, dtype_name="fp32")

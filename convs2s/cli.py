@@ -123,12 +123,17 @@ def _run_translation(args, consume) -> int:
     from .translate import Tokenizer, load_align_dict, read_lines, translate_lines
 
     model, src_dict, tgt_dict = _load_for_translation(args)
+    gen_kwargs = _gen_kwargs(args)
+    if args.shortlist:
+        from .shortlist import Shortlist
+
+        gen_kwargs["shortlist"] = Shortlist.from_file(args.shortlist, src_dict, tgt_dict, args.shortlist_top)
     tokenizer = Tokenizer(args.spm, args.remove_bpe)
     align_dict = load_align_dict(args.replace_unk) if args.replace_unk else None
     bar = tqdm(unit="sent", desc=args.command, disable=not sys.stderr.isatty() and not args.progress)
     for tr in translate_lines(model, src_dict, tgt_dict, read_lines(args.input), tokenizer,
                               chunk_size=args.chunk_size, align_dict=align_dict,
-                              need_alignment=getattr(args, "print_alignment", False), **_gen_kwargs(args)):
+                              need_alignment=getattr(args, "print_alignment", False), **gen_kwargs):
         if tr.note:
             print(f"warning: {tr.note}", file=sys.stderr)
         consume(tr)
@@ -269,6 +274,11 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help="kernel backend: auto, cpp, triton, reference")
     p.add_argument("--fold-attention", action="store_true",
                    help="precompute the attention projections per sentence (same output, faster steps)")
+    p.add_argument("--shortlist", metavar="FILE",
+                   help="vocabulary selection: score only the target words FILE lists for the batch's source "
+                        "words ('src tgt1 tgt2 ...' per line) plus the --shortlist-top most frequent")
+    p.add_argument("--shortlist-top", type=_non_negative(int), default=100,
+                   help="most frequent target words always scored with --shortlist (default 100)")
     p.add_argument("--int8", action="store_true",
                    help="decode with int8 decoder weights (float32 activations): less memory traffic per step, "
                         "a small translation-quality cost (see the README)")

@@ -86,6 +86,7 @@ class DecoderState:
         self.folded = folded  # per decoder layer, with fold_attention
         self.step = 0
         self.pending_index: Optional[torch.Tensor] = None
+        self.vocab = None  # a convs2s.shortlist.VocabSubset: score only these target words
 
     @property
     def num_rows(self) -> int:
@@ -144,9 +145,11 @@ class Decoder(nn.Module):
     def max_positions(self) -> int:
         return self.embed_positions.num_embeddings - PAD - 1
 
-    def _output(self, x, backend: Optional[str] = None):
+    def _output(self, x, backend: Optional[str] = None, vocab=None):
         x = apply_linear(self.fc2, x, backend)
         x = F.dropout(x, self.dropout, self.training)
+        if vocab is not None:  # a shortlist (convs2s.shortlist.VocabSubset): only its rows are scored
+            return vocab.logits(x, backend)
         return apply_linear(self.fc3, x, backend)
 
     def forward(self, prev_output_tokens: torch.Tensor, encoder_out: EncoderOut, need_attn: bool = True,
@@ -248,4 +251,4 @@ class Decoder(nn.Module):
             residuals.append(x)
         state.pending_index = None
         state.step += 1
-        return self._output(x, lin_backend), avg_attn
+        return self._output(x, lin_backend, state.vocab), avg_attn

@@ -76,6 +76,7 @@ def generate(
     progress: bool = False,
     forced_length: Optional[Sequence[int]] = None,
     fold_attention: bool = False,
+    shortlist=None,
 ) -> List[List[dict]]:
     """Translate ``sources`` (token-id lists without EOS) with beam search.
 
@@ -90,6 +91,9 @@ def generate(
 
     ``fold_attention`` precomputes the attention projections of the encoder outputs once per
     sentence (exact up to rounding; fewer FLOPs per step, see ``convs2s.decoder.FoldedAttention``).
+
+    ``shortlist`` (a :class:`convs2s.shortlist.Shortlist`) scores only its candidate target words
+    for each batch (vocabulary selection); the others get probability 0.
     """
     if beam < 1 or nbest < 1 or nbest > beam:
         raise ValueError(f"need 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
@@ -114,7 +118,7 @@ def generate(
             if forced_length is not None:
                 forced = torch.tensor([int(forced_length[i]) for i in idx], device=device)
             hypos = _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen,
-                                 return_attention, forced, fold_attention)
+                                 return_attention, forced, fold_attention, shortlist)
             for i, h in zip(idx, hypos):
                 results[i] = h[:nbest]
             if bar is not None:
@@ -136,7 +140,7 @@ def _only_eos(lprobs: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None
 
 
 def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen, need_attn, forced_len,
-                 fold_attention=False):
+                 fold_attention=False, shortlist=None):
     bsz, src_len = src.shape
     V = model.tgt_vocab_size
     k = min(beam, V - 1)
@@ -145,6 +149,14 @@ def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen
 
     encoder_out = model.encode(src)
     state = model.init_decoder_state(encoder_out, k, fold_attention)
+    if shortlist is not None:
+        from .shortlist import VocabSubset
+
+        ids = shortlist.candidates(src)
+        if ids.numel() < 2 * k + 1:
+            raise ValueError(f"the shortlist leaves {ids.numel()} target words for this batch; beam {k} needs "
+                             f"at least {2 * k + 1} (raise --shortlist-top)")
+        state.vocab = VocabSubset(model.decoder.fc3, ids)
     tokens = torch.full((bsz * k, max_len + 2), PAD, dtype=torch.long, device=device)
     tokens[:, 0] = EOS
     scores = torch.zeros(bsz * k, max_len + 1, device=device)
