@@ -67,13 +67,16 @@ def test_generate(benchmark, runnable, peaks, device, models, backend, beam, dty
 
 
 # One sentence at a time (interactive use), the decoder options of the CPU path side by side:
-# (backend, decoder, weights, vocabulary). The first is the baseline of the ratios.
+# (backend, decoder folded, int8 weights, shortlist, layers in one C++ call). The first is the
+# baseline of the ratios; "loop" runs the layers from Python (the one-call step turned off).
 CONFIGS = {
-    "reference-plain-fp32-full": ("reference", False, False, False),
-    "cpp-folded-fp32-full": ("cpp", True, False, False),
-    "cpp-folded-int8-full": ("cpp", True, True, False),
-    "cpp-folded-fp32-shortlist": ("cpp", True, False, True),
-    "cpp-folded-int8-shortlist": ("cpp", True, True, True),
+    "reference-plain-fp32-full": ("reference", False, False, False, False),
+    "cpp-folded-fp32-full-loop": ("cpp", True, False, False, False),
+    "cpp-folded-fp32-full": ("cpp", True, False, False, True),
+    "cpp-folded-int8-full-loop": ("cpp", True, True, False, False),
+    "cpp-folded-int8-full": ("cpp", True, True, False, True),
+    "cpp-folded-fp32-shortlist": ("cpp", True, False, True, True),
+    "cpp-folded-int8-shortlist": ("cpp", True, True, True, True),
 }
 SHORTLIST_TOP = shapes(paper=2000, smoke=20)  # most frequent target words kept, plus each source word's list
 
@@ -83,7 +86,7 @@ SHORTLIST_TOP = shapes(paper=2000, smoke=20)  # most frequent target words kept,
 def test_generate_one_sentence(benchmark, runnable, peaks, device, models, provider, beam):
     from convs2s.shortlist import Shortlist
 
-    backend, fold, int8, use_shortlist = CONFIGS[provider]
+    backend, fold, int8, use_shortlist, one_call = CONFIGS[provider]
     model = models("fp32")
     x = torch.zeros(1, 8, device=device)
     if int8:
@@ -96,6 +99,7 @@ def test_generate_one_sentence(benchmark, runnable, peaks, device, models, provi
     table = {s: torch.randint(4, VOCAB, (20,), generator=g).tolist() for s in source[0]}
     shortlist = Shortlist(table, VOCAB, top=SHORTLIST_TOP) if use_shortlist else None
     model.use_backend(backend).quantize_decoder_int8(int8)
+    model.decoder.fused_step = one_call
     benchmark.group = f"generate one sentence {ARCH} {LENGTH} tokens beam {beam}"
 
     def run():
@@ -107,6 +111,7 @@ def test_generate_one_sentence(benchmark, runnable, peaks, device, models, provi
         benchmark.pedantic(run, rounds=1 if SMOKE else 3, iterations=1)
     finally:
         model.use_backend(None).quantize_decoder_int8(False)
+        model.decoder.fused_step = True
     tokens = [len(h[0]["tokens"]) for h in hyps]
     assert tokens == [FORCED + 1]
     benchmark.extra_info["target_tokens"] = sum(tokens)

@@ -21,6 +21,7 @@ import convs2s_kernels as ck
 
 from .architectures import ConvS2SConfig
 from .encoder import PAD, EncoderOut, check_tokens
+from .fused_step import fused_layers_step, fused_step_reason
 from .layers import SQRT_HALF, Linear, apply_linear, conv_stack, embedding, make_positions, residual_input
 
 
@@ -87,6 +88,8 @@ class DecoderState:
         self.step = 0
         self.pending_index: Optional[torch.Tensor] = None
         self.vocab = None  # a convs2s.shortlist.VocabSubset: score only these target words
+        self.fused_ok: Optional[bool] = None  # whether convs2s.fused_step ran this state's first step
+        self.fused_weights = None
 
     @property
     def num_rows(self) -> int:
@@ -115,6 +118,10 @@ class DecoderState:
 
 
 class Decoder(nn.Module):
+    # Run a step's layers in one C++ call (convs2s.fused_step) where the cpp backend may run it;
+    # False keeps the Python loop (same outputs, for comparisons).
+    fused_step = True
+
     def __init__(self, cfg: ConvS2SConfig, vocab_size: int, weight_norm: bool = True):
         super().__init__()
         p = cfg.dropout
@@ -229,26 +236,37 @@ class Decoder(nn.Module):
         emb_scores = None
         if state.folded is not None:  # g . z_s, shared by every attention layer
             emb_scores = torch.bmm(target_embedding.view(B, beam, -1), enc.z.transpose(1, 2))
-        for i, (proj, conv, attention, r) in enumerate(
-            zip(self.projections, self.convolutions, self.attention, self.residuals)
-        ):
-            residual = residual_input(residuals, proj, r, lin_backend)
-            x = F.dropout(x, self.dropout, self.training)
-            x, state.conv_states[i] = conv.step(x, state.conv_states[i], parents, backend)
-            if attention is not None:
-                # A sentence's beams are its queries: (N, C) -> (B, beam, C) against one encoder copy.
-                h = x.view(B, beam, -1)
-                if state.folded is not None:
-                    out, attn = state.folded[i].step(h, emb_scores, enc, need_attn)
-                else:
-                    out, attn = attention(h, target_embedding.view(B, beam, -1), enc, need_attn, backend)
-                x = out.reshape(N, -1)
-                if attn is not None:
-                    attn = attn.reshape(N, -1) / num_layers
-                    avg_attn = attn if avg_attn is None else avg_attn + attn
-            if residual is not None:
-                x = (x + residual) * SQRT_HALF
-            residuals.append(x)
+        fused = None
+        if state.folded is not None:
+            # every layer in one C++ call when the cpp backend may run the step (same kernels);
+            # decided at the state's first step
+            if state.fused_ok is None:
+                state.fused_ok = fused_step_reason(self, x, state, backend) is None
+            if state.fused_ok:
+                fused = fused_layers_step(self, x, emb_scores, state, parents, need_attn)
+        if fused is not None:
+            x, avg_attn = fused
+        else:
+            for i, (proj, conv, attention, r) in enumerate(
+                zip(self.projections, self.convolutions, self.attention, self.residuals)
+            ):
+                residual = residual_input(residuals, proj, r, lin_backend)
+                x = F.dropout(x, self.dropout, self.training)
+                x, state.conv_states[i] = conv.step(x, state.conv_states[i], parents, backend)
+                if attention is not None:
+                    # A sentence's beams are its queries: (N, C) -> (B, beam, C) against one encoder copy.
+                    h = x.view(B, beam, -1)
+                    if state.folded is not None:
+                        out, attn = state.folded[i].step(h, emb_scores, enc, need_attn)
+                    else:
+                        out, attn = attention(h, target_embedding.view(B, beam, -1), enc, need_attn, backend)
+                    x = out.reshape(N, -1)
+                    if attn is not None:
+                        attn = attn.reshape(N, -1) / num_layers
+                        avg_attn = attn if avg_attn is None else avg_attn + attn
+                if residual is not None:
+                    x = (x + residual) * SQRT_HALF
+                residuals.append(x)
         state.pending_index = None
         state.step += 1
         return self._output(x, lin_backend, state.vocab), avg_attn

@@ -5,6 +5,15 @@
 #include "small_gemm.h"
 
 namespace convs2s {
+std::vector<at::Tensor> decoder_layers_step(
+    at::Tensor x, const at::Tensor& emb_scores, const std::vector<at::Tensor>& states,
+    const c10::optional<at::Tensor>& parents, const std::vector<at::Tensor>& conv_w,
+    const std::vector<c10::optional<at::Tensor>>& conv_scale, const std::vector<c10::optional<at::Tensor>>& conv_b,
+    const std::vector<int64_t>& residual, const std::vector<c10::optional<at::Tensor>>& proj_w,
+    const std::vector<c10::optional<at::Tensor>>& proj_scale, const std::vector<c10::optional<at::Tensor>>& proj_b,
+    const std::vector<c10::optional<at::Tensor>>& z_in, const std::vector<c10::optional<at::Tensor>>& z_bias,
+    const std::vector<c10::optional<at::Tensor>>& y_out, const std::vector<c10::optional<at::Tensor>>& b_out,
+    const at::Tensor& pad_mask, const at::Tensor& src_scale, bool need_attn);
 std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
                                           const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                           const c10::optional<at::Tensor>& beam_index);
@@ -53,6 +62,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_int8", &convs2s::small_gemm_int8,
         "x @ (qweight * scale[:, None]).T + bias: float32 x, int8 (N, K) weight with a float32 scale per row",
         py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"));
+  m.def("decoder_layers_step", &convs2s::decoder_layers_step,
+        "every decoder layer of one step (folded attention) in one call: (x, attn or None, *new_states)");
   m.def("small_gemm_isa", &convs2s::small_gemm_isa, "instruction set of the few-row kernels on this CPU");
   m.def("attention_forward", &convs2s::attention_forward,
         "sqrt(s) * softmax(q z^T) y over valid source steps; returns (context, p_scaled)", py::arg("q"),

@@ -294,3 +294,31 @@ def test_int8_decoding_is_close_to_fp32_and_equal_across_backends():
     model.quantize_decoder_int8(False)
     again, _ = step_logits(model, src, prev)
     assert torch.equal(again, fp32), "turning int8 off restores the float32 weights exactly"
+
+
+@pytest.mark.parametrize("variant", ["fp32", "bf16", "int8"])
+def test_one_call_decoder_step_equals_the_layer_loop(variant):
+    """The layers of a step in one C++ call give the Python loop's results exactly, through beam
+    reorders and finished sentences leaving the batch."""
+    if ck.available_backends()["cpp"] is not None:
+        pytest.skip(f"cpp backend unavailable: {ck.available_backends()['cpp']}")
+    model = small("custom", **CUSTOM).use_backend("cpp")
+    if variant == "bf16":
+        model.to(torch.bfloat16)
+    model.quantize_decoder_int8(variant == "int8")
+    sources = [[5, 9, 11, 7], [13, 6, 8, 4], [20, 21, 22, 23], [30, 5, 6, 9]]
+    runs = {}
+    for one_call in (True, False):
+        model.decoder.fused_step = one_call
+        runs[one_call] = convs2s.generate(model, sources, beam=3, nbest=3, max_len_b=7, fold_attention=True,
+                                          return_attention=True)
+    model.decoder.fused_step = True
+    for a, b in zip(runs[True], runs[False]):
+        for h, g in zip(a, b):
+            assert h["tokens"].tolist() == g["tokens"].tolist()
+            assert h["score"] == g["score"]
+            assert torch.equal(h["attention"], g["attention"])
+    with torch.no_grad():
+        state = model.init_decoder_state(model.encode(torch.tensor([s + [2] for s in sources])), 1, fold_attention=True)
+        model.decode_step(torch.full((4,), 2), state)
+    assert state.fused_ok, "the one-call step ran"

@@ -1,0 +1,113 @@
+// Every layer of one decoding step in a single call (the decoder with folded attention).
+//
+// At one sentence per batch a step is ~15 layers x (conv step, residual projection, attention,
+// residual sum): about a hundred small operations whose Python dispatch costs as much as the
+// arithmetic. This runs the same operations, through the same kernels (few-row products, the
+// conv step, ATen's batched products and softmax), from C++, so the outputs equal the Python
+// loop's up to nothing but the order of identical operations.
+
+#include <ATen/ATen.h>
+#include <cmath>
+#include <limits>
+
+#include "common.h"
+#include "small_gemm.h"
+
+namespace convs2s {
+
+std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
+                                          const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                                          const c10::optional<at::Tensor>& beam_index);
+
+namespace {
+
+constexpr double kSqrtHalf = 0.70710678118654752440;
+
+bool few_rows(const at::Tensor& x) {
+  return x.size(0) >= 1 && x.size(0) <= kSmallGemmMaxRows &&
+         (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
+}
+
+// x @ w.T + b for an nn.Linear-layout weight (N, K), or int8 rows with their scale.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& scale,
+                  const c10::optional<at::Tensor>& bias) {
+  if (scale.has_value()) return small_gemm_int8(x, w, *scale, bias);
+  if (few_rows(x) && x.scalar_type() == w.scalar_type()) return small_gemm(x, w, bias, /*w_is_nk=*/true);
+  return at::linear(x, w, bias);
+}
+
+// One conv step + GLU: the fused op for float weights (k, C_in, 2C); for int8 rows (2C, k*C_in)
+// the same gather / shift / append, then the int8 product and GLU.
+std::pair<at::Tensor, at::Tensor> conv_step(const at::Tensor& x, const at::Tensor& state, const at::Tensor& w,
+                                            const c10::optional<at::Tensor>& scale,
+                                            const c10::optional<at::Tensor>& bias,
+                                            const c10::optional<at::Tensor>& parents) {
+  if (!scale.has_value()) {
+    auto out = conv_step_forward(x, state, w, bias, parents);
+    return {out[0], out[1]};
+  }
+  const at::Tensor prev = parents.has_value() ? state.index_select(0, *parents) : state;
+  const at::Tensor window = at::cat({prev, x.unsqueeze(1)}, 1);
+  const at::Tensor pre = small_gemm_int8(window.view({window.size(0), -1}), w, *scale, bias);
+  return {at::glu(pre, -1), window.slice(1, 1)};
+}
+
+}  // namespace
+
+std::vector<at::Tensor> decoder_layers_step(
+    at::Tensor x, const at::Tensor& emb_scores, const std::vector<at::Tensor>& states,
+    const c10::optional<at::Tensor>& parents, const std::vector<at::Tensor>& conv_w,
+    const std::vector<c10::optional<at::Tensor>>& conv_scale, const std::vector<c10::optional<at::Tensor>>& conv_b,
+    const std::vector<int64_t>& residual, const std::vector<c10::optional<at::Tensor>>& proj_w,
+    const std::vector<c10::optional<at::Tensor>>& proj_scale, const std::vector<c10::optional<at::Tensor>>& proj_b,
+    const std::vector<c10::optional<at::Tensor>>& z_in, const std::vector<c10::optional<at::Tensor>>& z_bias,
+    const std::vector<c10::optional<at::Tensor>>& y_out, const std::vector<c10::optional<at::Tensor>>& b_out,
+    const at::Tensor& pad_mask, const at::Tensor& src_scale, bool need_attn) {
+  const size_t L = conv_w.size();
+  TORCH_CHECK(states.size() == L && conv_scale.size() == L && conv_b.size() == L && residual.size() == L &&
+                  proj_w.size() == L && proj_scale.size() == L && proj_b.size() == L && z_in.size() == L &&
+                  z_bias.size() == L && y_out.size() == L && b_out.size() == L,
+              "decoder_layers_step: every per-layer list needs one entry per layer (", L, ")");
+  CONVS2S_CHECK_CPU(x);
+  TORCH_CHECK(x.dim() == 2, "decoder_layers_step: x must be (N, C)");
+  const int64_t N = x.size(0), B = emb_scores.size(0), beam = emb_scores.size(1);
+  TORCH_CHECK(B * beam == N, "decoder_layers_step: emb_scores is (B, beam, S) with B * beam = N rows");
+  const at::Tensor mask = pad_mask.unsqueeze(1);
+  const at::Tensor length_scale = src_scale.to(x.scalar_type()).view({-1, 1, 1});
+  const auto acc_type = at::promote_types(x.scalar_type(), at::kFloat);
+
+  std::vector<at::Tensor> residuals{x};
+  std::vector<at::Tensor> new_states;
+  new_states.reserve(L);
+  at::Tensor attn_sum;
+  for (size_t i = 0; i < L; ++i) {
+    at::Tensor res;
+    if (residual[i] > 0) {
+      TORCH_CHECK(residual[i] <= static_cast<int64_t>(residuals.size()), "layer ", i, ": residual reaches too far");
+      res = residuals[residuals.size() - residual[i]];
+      if (proj_w[i].has_value()) res = linear(res, *proj_w[i], proj_scale[i], proj_b[i]);
+    }
+    auto stepped = conv_step(x, states[i], conv_w[i], conv_scale[i], conv_b[i], parents);
+    x = stepped.first;
+    new_states.push_back(stepped.second);
+    if (z_in[i].has_value()) {  // folded attention (convs2s.decoder.FoldedAttention.step)
+      const at::Tensor h = x.view({B, beam, -1});
+      at::Tensor scores = at::baddbmm(emb_scores + z_bias[i]->unsqueeze(1), h, z_in[i]->transpose(1, 2)) * kSqrtHalf;
+      scores = scores.to(acc_type).masked_fill(mask, -std::numeric_limits<double>::infinity());
+      const at::Tensor attn = at::softmax(scores, -1).to(h.scalar_type());
+      const at::Tensor out = (at::bmm(attn * length_scale, *y_out[i]) + *b_out[i] + h) * kSqrtHalf;
+      x = out.reshape({N, -1});
+      if (need_attn) {
+        const at::Tensor a = attn.reshape({N, -1}) / static_cast<double>(L);
+        attn_sum = attn_sum.defined() ? attn_sum + a : a;
+      }
+    }
+    if (res.defined()) x = (x + res) * kSqrtHalf;
+    residuals.push_back(x);
+  }
+  std::vector<at::Tensor> result{x, attn_sum.defined() ? attn_sum : at::Tensor()};
+  result.insert(result.end(), new_states.begin(), new_states.end());
+  return result;
+}
+
+}  // namespace convs2s
