@@ -102,7 +102,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
   at::Tensor holder;
   const int64_t* lengths = lengths_ptr(src_lengths, holder, B, S);
   const at::Tensor scores = at::bmm(q, z.transpose(1, 2)).contiguous();
-  at::Tensor p_scaled = at::empty({B, T, S}, q.options());
+  at::Tensor p_scaled = new_output({B, T, S}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "attention_softmax", [&] {
     masked_softmax_scaled<scalar_t>(scores.data_ptr<scalar_t>(), lengths, B, T, S, left_pad,
                                     p_scaled.data_ptr<scalar_t>());
@@ -125,7 +125,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& dctx, const at::Ten
   }
   dp_scaled = dp_scaled.contiguous();
   at::Tensor dy = at::bmm(p_scaled.transpose(1, 2), dctx);
-  at::Tensor dscores = at::empty({B, T, S}, q.options());
+  at::Tensor dscores = new_output({B, T, S}, q.options());
   TORCH_CHECK(p_scaled.is_contiguous(), "p_scaled must be contiguous");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "attention_softmax_backward", [&] {
     softmax_scaled_backward<scalar_t>(p_scaled.data_ptr<scalar_t>(), dp_scaled.data_ptr<scalar_t>(), lengths, B, T,

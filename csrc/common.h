@@ -8,3 +8,23 @@
 #define CONVS2S_CHECK_DIM(t, n) TORCH_CHECK((t).dim() == (n), #t " must have " #n " dimensions, got ", (t).dim())
 #define CONVS2S_CHECK_LAST_CONTIGUOUS(t) \
   TORCH_CHECK((t).size(-1) <= 1 || (t).stride(-1) == 1, #t " must have a contiguous last dimension")
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+namespace convs2s {
+
+// Every buffer a kernel must fill: at::empty, or NaN-filled when CONVS2S_KERNELS_POISON=1 (the
+// tests set it), so an element a kernel forgets to write shows up as NaN. Read once per process.
+inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  static const bool poison = [] {
+    const char* v = std::getenv("CONVS2S_KERNELS_POISON");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  if (poison && at::isFloatingType(c10::typeMetaToScalarType(options.dtype())))
+    return at::full(sizes, std::numeric_limits<double>::quiet_NaN(), options);
+  return at::empty(sizes, options);
+}
+
+}  // namespace convs2s

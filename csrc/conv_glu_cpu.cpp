@@ -124,14 +124,14 @@ std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& 
                 "residual must be contiguous with x's dtype");
   }
   const int64_t rows = g.B * g.T;
-  at::Tensor cols = at::empty({rows, g.k * g.c_in}, x.options());
+  at::Tensor cols = new_output({rows, g.k * g.c_in}, x.options());
   const bool* pad = pad_mask.has_value() ? pad_mask->data_ptr<bool>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "conv_glu_im2col", [&] {
     im2col<scalar_t>(x.data_ptr<scalar_t>(), pad, g, cols.data_ptr<scalar_t>());
   });
   const at::Tensor w2 = weight.view({g.k * g.c_in, 2 * g.c_out});
   at::Tensor pre = bias.has_value() ? at::addmm(*bias, cols, w2) : at::mm(cols, w2);
-  at::Tensor out = at::empty({g.B, g.T, g.c_out}, x.options());
+  at::Tensor out = new_output({g.B, g.T, g.c_out}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "conv_glu_epilogue", [&] {
     glu_epilogue<scalar_t>(pre.data_ptr<scalar_t>(), residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr,
                            scale, rows, g.c_out, out.data_ptr<scalar_t>());
@@ -147,8 +147,8 @@ std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tens
   const ConvGeometry g = geometry(x, weight, causal);
   const int64_t rows = g.B * g.T;
   TORCH_CHECK(dout.is_contiguous() && pre.is_contiguous(), "dout and pre must be contiguous");
-  at::Tensor dpre = at::empty({rows, 2 * g.c_out}, x.options());
-  at::Tensor cols = at::empty({rows, g.k * g.c_in}, x.options());
+  at::Tensor dpre = new_output({rows, 2 * g.c_out}, x.options());
+  at::Tensor cols = new_output({rows, g.k * g.c_in}, x.options());
   const bool* pad = pad_mask.has_value() ? pad_mask->data_ptr<bool>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "conv_glu_backward_glu", [&] {
     glu_backward<scalar_t>(dout.data_ptr<scalar_t>(), pre.data_ptr<scalar_t>(), scale, rows, g.c_out,
@@ -160,7 +160,7 @@ std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tens
   // bias gradient summed in float32 for reduced-precision inputs
   at::Tensor dbias = dpre.sum(0, /*keepdim=*/false, at::toOpMathType(x.scalar_type())).to(x.scalar_type());
   at::Tensor dcols = at::mm(dpre, w2.t());
-  at::Tensor dx = at::empty_like(x);
+  at::Tensor dx = new_output(x.sizes(), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "conv_glu_col2im", [&] {
     col2im<scalar_t>(dcols.data_ptr<scalar_t>(), pad, g, dx.data_ptr<scalar_t>());
   });

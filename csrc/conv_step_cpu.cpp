@@ -68,7 +68,7 @@ std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tenso
     TORCH_CHECK(state.size(0) == rows, "state rows must equal x_t rows without beam_index");
   }
 
-  at::Tensor window = at::empty({rows, k, c_in}, x_t.options());
+  at::Tensor window = new_output({rows, k, c_in}, x_t.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x_t.scalar_type(), "conv_step_gather", [&] {
     gather_shift_append<scalar_t>(x_t, state, parent_ptr, window);
   });
@@ -84,7 +84,7 @@ std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tenso
     pre = bias.has_value() ? at::addmm(*bias, flat, w2) : at::mm(flat, w2);
   }
 
-  at::Tensor out = at::empty({rows, c2 / 2}, x_t.options());
+  at::Tensor out = new_output({rows, c2 / 2}, x_t.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x_t.scalar_type(), "conv_step_glu", [&] {
     glu_epilogue<scalar_t>(pre.data_ptr<scalar_t>(), nullptr, 1.0, rows, c2 / 2, out.data_ptr<scalar_t>());
   });

@@ -8,6 +8,7 @@
 // (AVX-512, AVX2+FMA, baseline), the best one chosen at run time.
 
 #include "small_gemm.h"
+#include "common.h"
 
 #include <ATen/Parallel.h>
 #include <cstring>
@@ -240,7 +241,7 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optio
   TORCH_CHECK(M >= 1 && M <= kSmallGemmMaxRows, "small_gemm takes 1..", kSmallGemmMaxRows, " rows");
   const at::Tensor xf = x.to(at::kFloat).contiguous();  // activations are tiny: widen once
   at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
-  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  at::Tensor y = new_output({M, N}, x.options().dtype(at::kFloat));
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
   if (w.scalar_type() == at::kFloat) {
     if (w_is_nk) small_gemm_nk(M, xf.data_ptr<float>(), K, w.data_ptr<float>(), N, K, bp, y.data_ptr<float>(), N);
@@ -268,7 +269,7 @@ at::Tensor small_gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const
   }
   const at::Tensor xc = x.contiguous(), qc = qweight.contiguous(), sc = scale.contiguous();
   at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
-  at::Tensor y = at::empty({M, N}, x.options());
+  at::Tensor y = new_output({M, N}, x.options());
   small_gemm_nk(M, xc.data_ptr<float>(), K, qc.data_ptr<int8_t>(), N, K, bf.defined() ? bf.data_ptr<float>() : nullptr,
                 y.data_ptr<float>(), N, sc.data_ptr<float>());
   return y;

@@ -40,12 +40,12 @@ _GEMM_CONFIGS = configs(
 
 
 @triton.jit
-def _tap_gemm(x_ptr, w_ptr, mask_ptr, rows, cols, M, T, C_in, C,
-              sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t,
-              K_W: tl.constexpr, PAD_LEFT: tl.constexpr, HAS_MASK: tl.constexpr,
-              ACC: tl.constexpr, PRECISION: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Value and gate pre-activations (without bias) of output rows ``rows`` x channels ``cols``."""
+def _preactivations(x_ptr, w_ptr, bias_ptr, mask_ptr, rows, cols, M, T, C_in, C,
+                    sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t,
+                    K_W: tl.constexpr, PAD_LEFT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+                    ACC: tl.constexpr, PRECISION: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Value and gate pre-activations (bias included) of output rows ``rows`` x channels ``cols``."""
     b = rows // T
     t = rows % T
     acc_v = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
@@ -69,6 +69,9 @@ def _tap_gemm(x_ptr, w_ptr, mask_ptr, rows, cols, M, T, C_in, C,
             wg = tl.load(w_rows + (cols[None, :] + C) * sw_o, mask=w_ok, other=0.0)
             acc_v = tl.dot(xt, wv, acc_v, input_precision=PRECISION, out_dtype=ACC)
             acc_g = tl.dot(xt, wg, acc_g, input_precision=PRECISION, out_dtype=ACC)
+    if HAS_BIAS:
+        acc_v += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
+        acc_g += tl.load(bias_ptr + C + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
     return acc_v, acc_g
 
 
@@ -85,13 +88,10 @@ def _conv_glu_fwd_kernel(
 ):
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    v, g = _tap_gemm(x_ptr, w_ptr, mask_ptr, rows, cols, M, T, C_in, C,
-                     sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t,
-                     K_W, PAD_LEFT, HAS_MASK, ACC, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    v, g = _preactivations(x_ptr, w_ptr, bias_ptr, mask_ptr, rows, cols, M, T, C_in, C,
+                           sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t,
+                           K_W, PAD_LEFT, HAS_BIAS, HAS_MASK, ACC, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     col_ok = cols < C
-    if HAS_BIAS:
-        v += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
-        g += tl.load(bias_ptr + C + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
     out = v / (1.0 + tl.exp(-g))
     b = rows // T
     t = rows % T
@@ -115,13 +115,10 @@ def _conv_glu_bwd_dpre_kernel(
     pid_m = tl.program_id(0).to(tl.int64)
     rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    v, g = _tap_gemm(x_ptr, w_ptr, mask_ptr, rows, cols, M, T, C_in, C,
-                     sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t,
-                     K_W, PAD_LEFT, HAS_MASK, ACC, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    v, g = _preactivations(x_ptr, w_ptr, bias_ptr, mask_ptr, rows, cols, M, T, C_in, C,
+                           sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t,
+                           K_W, PAD_LEFT, HAS_BIAS, HAS_MASK, ACC, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     col_ok = cols < C
-    if HAS_BIAS:
-        v += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
-        g += tl.load(bias_ptr + C + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
     ok = (rows < M)[:, None] & col_ok[None, :]
     b = rows // T
     t = rows % T
