@@ -66,7 +66,7 @@ def _pack(decoder) -> dict:
 def fused_layers_step(decoder, x: torch.Tensor, emb_scores: torch.Tensor, state, parents: Optional[torch.Tensor],
                       need_attn: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(x after the last layer (N, C), averaged attention (N, S) or None)``; advances the conv states."""
-    if getattr(state, "fused_weights", None) is None:
+    if state.fused_weights is None:
         state.fused_weights = _pack(decoder)
     p = state.fused_weights
     folded: List = state.folded

@@ -79,12 +79,12 @@ class VocabSubset:
         self.ids = ids
         self.vocab_size = fc3.out_features
         quantized = fc3.int8_weight() if hasattr(fc3, "int8_weight") else None
-        weight = fc3.effective_weight() if hasattr(fc3, "effective_weight") else fc3.weight
         self.bias = None if fc3.bias is None else fc3.bias.detach().index_select(0, ids)
         if quantized is not None:
             self.qweight, self.scale = (t.index_select(0, ids) for t in quantized)
             self.weight = None
         else:
+            weight = fc3.effective_weight() if hasattr(fc3, "effective_weight") else fc3.weight
             self.weight = weight.detach().index_select(0, ids)
             self.qweight = self.scale = None
 

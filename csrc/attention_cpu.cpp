@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "common.h"
+#include "kernels.h"
 
 namespace convs2s {
 

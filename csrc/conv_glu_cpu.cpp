@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "common.h"
+#include "kernels.h"
 #include "glu.h"
 
 namespace convs2s {

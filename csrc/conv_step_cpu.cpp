@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "common.h"
+#include "kernels.h"
 #include "glu.h"
 #include "small_gemm.h"
 

@@ -2,34 +2,10 @@
 // The public, validated API is convs2s_kernels.ops; call these only through it.
 
 #include "common.h"
+#include "kernels.h"
 #include "small_gemm.h"
 
 namespace convs2s {
-std::vector<at::Tensor> decoder_layers_step(
-    at::Tensor x, const at::Tensor& emb_scores, const std::vector<at::Tensor>& states,
-    const c10::optional<at::Tensor>& parents, const std::vector<at::Tensor>& conv_w,
-    const std::vector<c10::optional<at::Tensor>>& conv_scale, const std::vector<c10::optional<at::Tensor>>& conv_b,
-    const std::vector<int64_t>& residual, const std::vector<c10::optional<at::Tensor>>& proj_w,
-    const std::vector<c10::optional<at::Tensor>>& proj_scale, const std::vector<c10::optional<at::Tensor>>& proj_b,
-    const std::vector<c10::optional<at::Tensor>>& z_in, const std::vector<c10::optional<at::Tensor>>& z_bias,
-    const std::vector<c10::optional<at::Tensor>>& y_out, const std::vector<c10::optional<at::Tensor>>& b_out,
-    const at::Tensor& pad_mask, const at::Tensor& src_scale, bool need_attn);
-std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
-                                          const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                                          const c10::optional<at::Tensor>& beam_index);
-std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& weight,
-                                         const c10::optional<at::Tensor>& bias,
-                                         const c10::optional<at::Tensor>& residual,
-                                         const c10::optional<at::Tensor>& pad_mask, bool causal, double scale);
-std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tensor& x, const at::Tensor& weight,
-                                          const at::Tensor& pre, const c10::optional<at::Tensor>& pad_mask,
-                                          bool causal, double scale, bool need_residual_grad);
-std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& z, const at::Tensor& y,
-                                          const c10::optional<at::Tensor>& src_lengths, bool left_pad);
-std::vector<at::Tensor> attention_backward(const at::Tensor& dctx, const at::Tensor& q, const at::Tensor& z,
-                                           const at::Tensor& y, const at::Tensor& p_scaled,
-                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad,
-                                           const c10::optional<at::Tensor>& dp_extra);
 
 // y = x @ weight.T + bias for x (M <= 8, K) and weight (N, K), float32 or bf16: a decoding step's Linear.
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {

@@ -11,13 +11,10 @@
 #include <limits>
 
 #include "common.h"
+#include "kernels.h"
 #include "small_gemm.h"
 
 namespace convs2s {
-
-std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
-                                          const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                                          const c10::optional<at::Tensor>& beam_index);
 
 namespace {
 

@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 "$PY" -m pip install --quiet --upgrade "torch==2.13.0" setuptools wheel ninja pybind11
-"$PY" -m pip install --quiet --no-build-isolation -e ".[test]"
+"$PY" -m pip install --quiet --no-build-isolation -e ".[test,triton]"
 "$PY" -m convs2s_kernels.env

@@ -82,6 +82,21 @@ def _scores(q_ptr, z_ptr, b, ts, ss, T, S, E, sq_b, sq_t, sq_e, sz_b, sz_s, sz_e
     return acc
 
 
+@triton.jit
+def _probabilities(q_ptr, z_ptr, len_ptr, lse_ptr, b, ts, ss, T, S, E,
+                   sq_b, sq_t, sq_e, sz_b, sz_s, sz_e, LEFT_PAD: tl.constexpr,
+                   ACC: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Attention probabilities of queries ``ts`` over sources ``ss``, recomputed from the saved
+    log-sum-exp (zero at padding), and the sentence's source length."""
+    lo, hi, length = _valid_source_range(len_ptr, b, S, LEFT_PAD)
+    valid = (ss >= lo) & (ss < hi)
+    sc = _scores(q_ptr, z_ptr, b, ts, ss, T, S, E, sq_b, sq_t, sq_e, sz_b, sz_s, sz_e,
+                 ACC, PRECISION, BLOCK_T, BLOCK_S, BLOCK_D)
+    lse = tl.load(lse_ptr + b * T + ts, mask=ts < T, other=0.0)
+    return tl.where(valid[None, :], tl.exp(sc - lse[:, None]), 0.0), length
+
+
 @triton.autotune(configs=_FWD_CONFIGS, key=["S", "E"])
 @triton.jit
 def _attention_fwd_kernel(
@@ -141,13 +156,10 @@ def _attention_probs_kernel(
     b = tl.program_id(2).to(tl.int64)
     ts = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     ss = (tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
-    lo, hi, length = _valid_source_range(len_ptr, b, S, LEFT_PAD)
-    valid = (ss >= lo) & (ss < hi)
-    sc = _scores(q_ptr, z_ptr, b, ts, ss, T, S, E, sq_b, sq_t, sq_e, sz_b, sz_s, sz_e,
-                 ACC, PRECISION, BLOCK_T, BLOCK_S, BLOCK_D)
     t_ok = ts < T
-    lse = tl.load(lse_ptr + b * T + ts, mask=t_ok, other=0.0)
-    p = tl.where(valid[None, :], tl.exp(sc - lse[:, None]), 0.0)
+    p, _ = _probabilities(q_ptr, z_ptr, len_ptr, lse_ptr, b, ts, ss, T, S, E,
+                               sq_b, sq_t, sq_e, sz_b, sz_s, sz_e, LEFT_PAD, ACC, PRECISION,
+                               BLOCK_T, BLOCK_S, BLOCK_D)
     tl.store(attn_ptr + (b * T + ts[:, None]) * S + ss[None, :], p.to(attn_ptr.dtype.element_ty),
              mask=t_ok[:, None] & (ss < S)[None, :])
 
@@ -168,16 +180,13 @@ def _attention_bwd_ds_kernel(
     ss = (tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
     t_ok = ts < T
     s_ok = ss < S
-    lo, hi, length = _valid_source_range(len_ptr, b, S, LEFT_PAD)
-    valid = (ss >= lo) & (ss < hi)
-    sc = _scores(q_ptr, z_ptr, b, ts, ss, T, S, E, sq_b, sq_t, sq_e, sz_b, sz_s, sz_e,
-                 ACC, PRECISION, BLOCK_T, BLOCK_S, BLOCK_D)
+    p, length = _probabilities(q_ptr, z_ptr, len_ptr, lse_ptr, b, ts, ss, T, S, E,
+                               sq_b, sq_t, sq_e, sz_b, sz_s, sz_e, LEFT_PAD, ACC, PRECISION,
+                               BLOCK_T, BLOCK_S, BLOCK_D)
     # dP = dc . y over the embedding (the sqrt(s) factor is applied once below)
     dp = _scores(dctx_ptr, y_ptr, b, ts, ss, T, S, E, sd_b, sd_t, sd_e, sy_b, sy_s, sy_e,
                  ACC, PRECISION, BLOCK_T, BLOCK_S, BLOCK_D)
-    lse = tl.load(lse_ptr + b * T + ts, mask=t_ok, other=0.0)
     delta = tl.load(delta_ptr + b * T + ts, mask=t_ok, other=0.0)
-    p = tl.where(valid[None, :], tl.exp(sc - lse[:, None]), 0.0)
     grad_p = dp * tl.sqrt(length.to(ACC)) - delta[:, None]
     tile = (b * T + ts[:, None]) * S + ss[None, :]
     ok = t_ok[:, None] & s_ok[None, :]

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ..reference import conv_padding
 from ._config import acc_type, configs, dot_precision, new_empty
+from ._glu import _add_glu_bias, _glu_tap_dot
 
 _GEMM_CONFIGS = configs(
     gpu=[
@@ -37,6 +38,7 @@ _GEMM_CONFIGS = configs(
     ],
     interpreter=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
 )
+_MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in _GEMM_CONFIGS)
 
 
 @triton.jit
@@ -63,15 +65,10 @@ def _preactivations(x_ptr, w_ptr, bias_ptr, mask_ptr, rows, cols, M, T, C_in, C,
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < C_in
             xt = tl.load(x_row[:, None] + ks[None, :] * sx_c, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            w_rows = w_tap + ks[:, None] * sw_i
-            w_ok = k_ok[:, None] & col_ok[None, :]
-            wv = tl.load(w_rows + cols[None, :] * sw_o, mask=w_ok, other=0.0)
-            wg = tl.load(w_rows + (cols[None, :] + C) * sw_o, mask=w_ok, other=0.0)
-            acc_v = tl.dot(xt, wv, acc_v, input_precision=PRECISION, out_dtype=ACC)
-            acc_g = tl.dot(xt, wg, acc_g, input_precision=PRECISION, out_dtype=ACC)
+            acc_v, acc_g = _glu_tap_dot(xt, w_tap, ks, k_ok, cols, col_ok, C, sw_i, sw_o, acc_v, acc_g,
+                                        ACC, PRECISION)
     if HAS_BIAS:
-        acc_v += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
-        acc_g += tl.load(bias_ptr + C + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
+        acc_v, acc_g = _add_glu_bias(acc_v, acc_g, bias_ptr, cols, col_ok, C, ACC)
     return acc_v, acc_g
 
 
@@ -268,7 +265,7 @@ def conv_glu_backward(grad_out, x, weight, bias, pad_mask, causal: bool, scale: 
 
     dpre = new_empty(M, c2, dtype=x.dtype, device=x.device)
     # one partial bias row per row tile; the smallest BLOCK_M of any config bounds their number
-    dbias_part = new_empty(triton.cdiv(M, 16), c2, dtype=part_dtype, device=x.device)
+    dbias_part = new_empty(triton.cdiv(M, _MIN_BLOCK_M), c2, dtype=part_dtype, device=x.device)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(C, meta["BLOCK_N"]))
     meta_dpre = dict(K_W=k, PAD_LEFT=pad_left, HAS_BIAS=bias is not None, HAS_MASK=has_mask, ACC=acc, PRECISION=prec)
     _conv_glu_bwd_dpre_kernel[grid](

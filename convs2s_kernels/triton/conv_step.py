@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from ._config import acc_type, configs, dot_precision, new_empty
+from ._glu import _add_glu_bias, _glu_tap_dot
 
 _STEP_CONFIGS = configs(
     gpu=[
@@ -66,15 +67,10 @@ def _conv_step_fwd_kernel(
                     # the window without its oldest entry is the new state: slot j-1
                     dst = new_state_ptr + (rows[:, None] * (K_W - 1) + (j - 1)) * C_in + ks[None, :]
                     tl.store(dst, xt, mask=ok)
-            w_ok = k_ok[:, None] & col_ok[None, :]
-            w_rows = w_tap + ks[:, None] * sw_i
-            wv = tl.load(w_rows + cols[None, :] * sw_o, mask=w_ok, other=0.0)
-            wg = tl.load(w_rows + (cols[None, :] + C) * sw_o, mask=w_ok, other=0.0)
-            acc_v = tl.dot(xt, wv, acc_v, input_precision=PRECISION, out_dtype=ACC)
-            acc_g = tl.dot(xt, wg, acc_g, input_precision=PRECISION, out_dtype=ACC)
+            acc_v, acc_g = _glu_tap_dot(xt, w_tap, ks, k_ok, cols, col_ok, C, sw_i, sw_o, acc_v, acc_g,
+                                        ACC, PRECISION)
     if HAS_BIAS:
-        acc_v += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
-        acc_g += tl.load(bias_ptr + C + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
+        acc_v, acc_g = _add_glu_bias(acc_v, acc_g, bias_ptr, cols, col_ok, C, ACC)
     out = acc_v / (1.0 + tl.exp(-acc_g))
     tl.store(out_ptr + rows[:, None] * C + cols[None, :], out.to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None] & col_ok[None, :])

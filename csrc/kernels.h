@@ -1,0 +1,37 @@
+// The entry points of the CPU kernels, one declaration each: the pybind module binds them and
+// the one-call decoder step (decoder_step_cpu.cpp) calls the conv step directly.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <vector>
+
+namespace convs2s {
+
+std::vector<at::Tensor> decoder_layers_step(
+    at::Tensor x, const at::Tensor& emb_scores, const std::vector<at::Tensor>& states,
+    const c10::optional<at::Tensor>& parents, const std::vector<at::Tensor>& conv_w,
+    const std::vector<c10::optional<at::Tensor>>& conv_scale, const std::vector<c10::optional<at::Tensor>>& conv_b,
+    const std::vector<int64_t>& residual, const std::vector<c10::optional<at::Tensor>>& proj_w,
+    const std::vector<c10::optional<at::Tensor>>& proj_scale, const std::vector<c10::optional<at::Tensor>>& proj_b,
+    const std::vector<c10::optional<at::Tensor>>& z_in, const std::vector<c10::optional<at::Tensor>>& z_bias,
+    const std::vector<c10::optional<at::Tensor>>& y_out, const std::vector<c10::optional<at::Tensor>>& b_out,
+    const at::Tensor& pad_mask, const at::Tensor& src_scale, bool need_attn);
+std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
+                                          const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                                          const c10::optional<at::Tensor>& beam_index);
+std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& weight,
+                                         const c10::optional<at::Tensor>& bias,
+                                         const c10::optional<at::Tensor>& residual,
+                                         const c10::optional<at::Tensor>& pad_mask, bool causal, double scale);
+std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tensor& x, const at::Tensor& weight,
+                                          const at::Tensor& pre, const c10::optional<at::Tensor>& pad_mask,
+                                          bool causal, double scale, bool need_residual_grad);
+std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& z, const at::Tensor& y,
+                                          const c10::optional<at::Tensor>& src_lengths, bool left_pad);
+std::vector<at::Tensor> attention_backward(const at::Tensor& dctx, const at::Tensor& q, const at::Tensor& z,
+                                           const at::Tensor& y, const at::Tensor& p_scaled,
+                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad,
+                                           const c10::optional<at::Tensor>& dp_extra);
+
+}  // namespace convs2s
