@@ -302,6 +302,10 @@ def test_linear_int8_matches_reference(rows, K, N):
     runnable("cpp", "linear_int8", x, q, s, b)
     out = ck.linear_int8(x, q, s, b, backend="cpp")
     assert_close("linear_int8", out, reference.linear_int8_ref(x.double(), q, s.double(), b.double()))
+    # a strided x (every other column of a wider buffer)
+    wide = torch.randn(rows, 2 * K)
+    out = ck.linear_int8(wide[:, ::2], q, s, b, backend="cpp")
+    assert_close("linear_int8", out, reference.linear_int8_ref(wide[:, ::2].double(), q, s.double(), b.double()))
     # without a bias, and with leading dims
     out = ck.linear_int8(x.view(1, rows, K), q, s, backend="cpp")
     assert out.shape == (1, rows, N)
