@@ -71,6 +71,7 @@ def fused_layers_step(decoder, x: torch.Tensor, emb_scores: torch.Tensor, state,
     p = state.fused_weights
     folded: List = state.folded
     enc = state.encoder_out
+    ck.dispatch.note_dispatch("decoder_layers_step", "cpp")
     out = ck._cpp._C.decoder_layers_step(
         x, emb_scores, state.conv_states, parents, p["conv_w"], p["conv_scale"], p["conv_b"], p["residual"],
         p["proj_w"], p["proj_scale"], p["proj_b"],

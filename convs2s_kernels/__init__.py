@@ -15,7 +15,7 @@ Their pure-PyTorch references are in :mod:`convs2s_kernels.reference` (``*_ref``
 from . import reference
 from . import _cpp  # noqa: F401  (registers the cpp backend, or records why it is missing)
 from . import _triton_probe  # noqa: F401  (records whether the triton backend can run)
-from .dispatch import BackendUnavailableError, available_backends
+from .dispatch import BackendUnavailableError, available_backends, count_dispatches
 from .ops import attention_embsum, conv_glu, conv_step, linear, linear_int8
 from .reference import quantize_int8
 
@@ -30,6 +30,7 @@ __all__ = [
     "linear_int8",
     "quantize_int8",
     "available_backends",
+    "count_dispatches",
     "BackendUnavailableError",
     "reference",
 ]

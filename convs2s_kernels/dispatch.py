@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
 
@@ -41,6 +43,29 @@ class Impl:
 _REGISTRY: Dict[str, Dict[str, Impl]] = {name: {} for name in BACKENDS}
 _AVAILABILITY: Dict[str, Callable[[], Optional[str]]] = {}
 _fallback_logged: set = set()
+_counters: List[Counter] = []  # open count_dispatches() blocks
+
+
+@contextmanager
+def count_dispatches() -> Iterator[Counter]:
+    """Count the calls dispatched inside the block, per ``(op, backend)`` that ran them.
+
+    Benchmarks label each timed row by what actually ran: a row that asked for ``cpp`` but had
+    some op served by ``reference`` shows it. Blocks nest; each counts every call inside it.
+    """
+    counts: Counter = Counter()
+    _counters.append(counts)
+    try:
+        yield counts
+    finally:
+        _counters.remove(counts)
+
+
+def note_dispatch(op: str, backend: str) -> None:
+    """Record one call of ``op`` run by ``backend`` in the open :func:`count_dispatches` blocks
+    (``resolve`` does it for every dispatched op; fused paths that bypass it call this)."""
+    for counts in _counters:
+        counts[(op, backend)] += 1
 
 
 def register(backend: str, op: str, check: Optional[Callable[..., List[str]]] = None):
@@ -100,8 +125,8 @@ def reasons(backend: str, op: str, device: torch.device, *args, **kwargs) -> Lis
     return impl.check(*args, **kwargs)
 
 
-def resolve(op: str, device: torch.device, backend: Optional[str], *args, **kwargs) -> Callable:
-    """The implementation of ``op`` to call for these inputs.
+def selected_backend_name(op: str, device: torch.device, backend: Optional[str], *args, **kwargs) -> str:
+    """The backend that runs ``op`` on these inputs (raises when none can).
 
     One named backend is strict (it runs or raises with its reasons); ``auto`` walks the
     device's priority order; a list such as ``"cpp,reference"`` takes the first that can run.
@@ -111,7 +136,7 @@ def resolve(op: str, device: torch.device, backend: Optional[str], *args, **kwar
         why = reasons(choices[0], op, device, *args, **kwargs)
         if why:
             raise BackendUnavailableError(f"backend {choices[0]!r} cannot run {op}: " + "; ".join(why))
-        return _REGISTRY[choices[0]][op].fn
+        return choices[0]
     order: List[str] = []
     for c in choices:
         for name in (_priority(device) if c == "auto" else [c]):
@@ -126,16 +151,15 @@ def resolve(op: str, device: torch.device, backend: Optional[str], *args, **kwar
                 if key not in _fallback_logged:
                     _fallback_logged.add(key)
                     _log.debug("%s on %s: using %s (skipped %s)", op, device.type, name, "; ".join(skipped))
-            return _REGISTRY[name][op].fn
+            return name
         skipped.append(f"{name}: {'; '.join(why)}")
     raise BackendUnavailableError(f"no backend can run {op}: " + " | ".join(skipped))
 
 
-def selected_backend_name(op: str, device: torch.device, backend: Optional[str], *args, **kwargs) -> str:
-    """Name of the backend ``resolve`` would pick (for reports and benchmarks)."""
-    fn = resolve(op, device, backend, *args, **kwargs)
-    for name in BACKENDS:
-        impl = _REGISTRY[name].get(op)
-        if impl is not None and impl.fn is fn:
-            return name
-    raise AssertionError("resolved function is not registered")
+def resolve(op: str, device: torch.device, backend: Optional[str], *args, **kwargs) -> Callable:
+    """The implementation of ``op`` to call for these inputs (see :func:`selected_backend_name`);
+    the call is counted in the open :func:`count_dispatches` blocks."""
+    name = selected_backend_name(op, device, backend, *args, **kwargs)
+    if _counters:
+        note_dispatch(op, name)
+    return _REGISTRY[name][op].fn

@@ -100,3 +100,24 @@ def test_cpp_disable_env(monkeypatch):
 def test_bad_inputs_name_the_problem(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+def test_count_dispatches_records_the_backend_that_ran_each_call():
+    """Benchmarks label rows by these counts: a preference list that falls back shows it."""
+    if ck.available_backends()["cpp"] is not None:
+        pytest.fail(f"the cpp backend is required here: {ck.available_backends()['cpp']}")
+    x = torch.randn(3, 16)
+    w, b = torch.randn(24, 16), torch.randn(24)
+    with ck.count_dispatches() as outer:
+        with ck.count_dispatches() as inner:
+            ck.linear(x, w, b, backend="cpp,reference")                   # 3 rows: cpp
+            ck.linear(torch.randn(9, 16), w, b, backend="cpp,reference")  # 9 rows: over cpp's 8, reference
+            ck.conv_step(*step_args(), backend="reference")
+        ck.linear(x, w, b, backend="reference")
+    assert inner == {("linear", "cpp"): 1, ("linear", "reference"): 1, ("conv_step", "reference"): 1}
+    assert outer == {("linear", "cpp"): 1, ("linear", "reference"): 2, ("conv_step", "reference"): 1}
+    # nothing is counted outside a block, and asking which backend would run counts nothing
+    ck.linear(x, w, b)
+    with ck.count_dispatches() as none:
+        dispatch.selected_backend_name("linear", x.device, None, x, w, b)
+    assert none == {}
