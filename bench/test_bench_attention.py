@@ -49,4 +49,4 @@ def test_attention_embsum(benchmark, runnable, peaks, device, backend, shape, dt
     flops = 4.0 * B * T * S * E  # two products
     nbytes = elem * (2 * q.numel() + z.numel() + y.numel())
     record(benchmark, flops=flops * (3 if grad else 1), bytes_moved=nbytes * (2.5 if grad else 1),
-           peaks=peaks, dtype_name=dtype_name)
+           peaks=peaks, dtype_name=dtype_name, working_set_bytes=int(nbytes * (2.5 if grad else 1)), device=device)

@@ -11,7 +11,7 @@ import torch
 
 import convs2s_kernels as ck
 
-from bench_utils import DTYPES, record, run_timed, shapes
+from bench_utils import DTYPES, record, rotating, run_timed, shapes
 
 # (rows N = batch x beam, C_in = C): one sentence greedy, one sentence beam 5, 32 sentences x beam 5.
 SHAPES = [pytest.param(n, c, id=f"N{n}_C{c}")
@@ -31,10 +31,11 @@ def test_conv_step(benchmark, runnable, peaks, device, backend, n, c, dtype_name
     parents = torch.arange(n, device=device).flip(0)
     runnable(backend, "conv_step", x_t, state, w, b, parents)
     benchmark.group = f"conv_step N{n} C{c} {dtype_name}"
+    weight = rotating(w, device)  # a decoding step meets its weight in memory, not in cache
 
     def step():
         with torch.no_grad():
-            return ck.conv_step(x_t, state, w, b, parents, backend=backend)
+            return ck.conv_step(x_t, state, weight(), b, parents, backend=backend)
 
     run_timed(benchmark, step, device)
     elem = torch.tensor([], dtype=dtype).element_size()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import convs2s
-from convs2s.speed_table import generation_flops
+from convs2s.speed_table import decoder_step_bytes, generation_flops
 
 from bench_utils import DTYPES, SMOKE, record, shapes
 
@@ -61,9 +61,17 @@ def test_generate(benchmark, runnable, peaks, device, models, backend, beam, dty
     tokens = [len(h[0]["tokens"]) for h in hyps]
     assert tokens == [FORCED + 1] * SENTENCES  # the forced length held: equal work for every backend
     benchmark.extra_info["target_tokens"] = sum(tokens)
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
     record(benchmark, flops=generation_flops(model, [LENGTH] * SENTENCES, tokens, beam),
-           bytes_moved=weights * (FORCED + 1), peaks=peaks, dtype_name=dtype_name)
+           bytes_moved=streamed_bytes(model, FORCED + 1), peaks=peaks, dtype_name=dtype_name,
+           working_set_bytes=decoder_step_bytes(model), device=device)
+
+
+def streamed_bytes(model, steps, vocab_rows=None):
+    """The encoder's weights once, the decoder's at their stored dtype (int8 where quantised, the
+    shortlist's rows of the output layer) at every step; embeddings are gathered rows."""
+    encoder = sum(p.numel() * p.element_size() for n, p in model.encoder.named_parameters()
+                  if p.dim() >= 2 and "embed_" not in n)
+    return encoder + steps * decoder_step_bytes(model, vocab_rows)
 
 
 # One sentence at a time (interactive use), the decoder options of the CPU path side by side:
@@ -115,7 +123,11 @@ def test_generate_one_sentence(benchmark, runnable, peaks, device, models, provi
     tokens = [len(h[0]["tokens"]) for h in hyps]
     assert tokens == [FORCED + 1]
     benchmark.extra_info["target_tokens"] = sum(tokens)
-    benchmark.extra_info["vocabulary"] = int(shortlist.candidates(torch.tensor(source)).numel()) if shortlist else VOCAB
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    vocab_rows = int(shortlist.candidates(torch.tensor(source)).numel()) if shortlist else VOCAB
+    benchmark.extra_info["vocabulary"] = vocab_rows
+    model.quantize_decoder_int8(int8)  # count the bytes the timed runs streamed
+    step_bytes = decoder_step_bytes(model, vocab_rows)
     record(benchmark, flops=generation_flops(model, [LENGTH], tokens, beam),
-           bytes_moved=weights * (FORCED + 1), peaks=peaks, dtype_name="fp32")
+           bytes_moved=streamed_bytes(model, FORCED + 1, vocab_rows), peaks=peaks, dtype_name="fp32",
+           working_set_bytes=step_bytes, device=device)
+    model.quantize_decoder_int8(False)

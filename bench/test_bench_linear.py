@@ -8,7 +8,7 @@ import torch
 
 import convs2s_kernels as ck
 
-from bench_utils import DTYPES, record, run_timed, shapes
+from bench_utils import DTYPES, record, rotating, run_timed, shapes
 
 SHAPES = shapes(paper=[(m, k, n) for m in (1, 5, 8) for k, n in ((512, 1024), (768, 512), (4096, 512), (512, 40000))],
                 smoke=[(1, 16, 24), (5, 16, 24)])
@@ -25,10 +25,11 @@ def test_linear(benchmark, runnable, peaks, device, backend, shape, dtype_name):
     b = torch.randn(n, device=device, dtype=dtype)
     runnable(backend, "linear", x, w, b)
     benchmark.group = f"linear M{m} K{k} N{n} {dtype_name}"
+    weight = rotating(w, device)  # streamed from memory every round, as in a decoding step
 
     def run():
         with torch.no_grad():
-            return ck.linear(x, w, b, backend=backend)
+            return ck.linear(x, weight(), b, backend=backend)
 
     run_timed(benchmark, run, device)
     record(benchmark, flops=2.0 * m * k * n, bytes_moved=x.element_size() * (w.numel() + n + m * (k + n)),
@@ -46,16 +47,19 @@ def test_linear_int8(benchmark, runnable, peaks, device, provider, shape):
     b = torch.randn(n, device=device)
     q, s = ck.quantize_int8(w)
     if provider == "fp32-weights":
-        def run():
-            with torch.no_grad():
-                return torch.nn.functional.linear(x, w, b)
-        weight_bytes = 4 * w.numel()
-    else:
-        runnable(provider, "linear_int8", x, q, s, b)
+        weight = rotating(w, device)
 
         def run():
             with torch.no_grad():
-                return ck.linear_int8(x, q, s, b, backend=provider)
+                return torch.nn.functional.linear(x, weight(), b)
+        weight_bytes = 4 * w.numel()
+    else:
+        runnable(provider, "linear_int8", x, q, s, b)
+        qweight = rotating(q, device)
+
+        def run():
+            with torch.no_grad():
+                return ck.linear_int8(x, qweight(), s, b, backend=provider)
         weight_bytes = q.numel() + 4 * n
     benchmark.group = f"linear_int8 M{m} K{k} N{n}"
     run_timed(benchmark, run, device)
