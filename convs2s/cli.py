@@ -1,7 +1,8 @@
 """Command line: ``python -m convs2s <command>`` (or the ``convs2s`` script).
 
 Commands:
-  bench      speed-table: the paper's generation-speed table (Table 3) per backend;
+  bench      speed-table: the paper's generation-speed table (Table 3), estimated or run in full;
+             vs-fairseq: fairseq's own generator beside convs2s (a separate fairseq interpreter);
              compare: pivot pytest-benchmark results across machines.
   translate  translate text (stdin or a file) with a fairseq fconv checkpoint.
   generate   translate a test set, print fairseq-style S-/H-/P-/A- lines and score it with sacrebleu.
@@ -12,6 +13,7 @@ Commands:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -61,14 +63,14 @@ def cmd_speed_table(args) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    mode = "subset" if args.sentences is not None else "full" if args.full or args.checkpoint else "estimate"
+    save = (lambda partial: write_json(partial, args.json)) if args.json else None  # progress survives a kill
     try:
         result = run(arch=args.arch, checkpoint=args.checkpoint, dicts=args.dicts, source=args.source,
-                     reference=args.reference, spm=args.spm,
-                     sentences=None if args.full else (args.sentences or 16), beams=args.beams,
-                     backends=args.backends, device=args.device,
-                     dtypes=sorted(args.dtype, key=lambda d: d != "fp32"), decoders=args.decoders,
-                     batch_size=args.batch_size,
-                     vocab=args.vocab, seed=args.seed, progress=args.progress or sys.stderr.isatty(),
+                     reference=args.reference, spm=args.spm, mode=mode, sentences=args.sentences, beams=args.beams,
+                     backends=args.backends, device=args.device, dtypes=args.dtype, decoders=args.decoders,
+                     repeats=args.repeats, batch_size=args.batch_size, vocab=args.vocab, seed=args.seed,
+                     progress=args.progress or sys.stderr.isatty(), on_update=save,
                      log=lambda msg: print(msg, file=sys.stderr))
     except (SpeedTableError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -76,6 +78,33 @@ def cmd_speed_table(args) -> int:
     print(format_table(result))
     if args.json:
         write_json(result, args.json)
+        print(f"\nwrote {args.json}")
+    if args.plot:
+        from .speed_plot import plot_table
+
+        plot_table(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_vs_fairseq(args) -> int:
+    from .atomic import atomic_write_text
+    from .speed_workload import Config
+    from .vs_fairseq import VsFairseqError, compare, format_result
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = Config(args.backend, args.decoder, "fp32") if args.backend else None
+    try:
+        result = compare(fairseq_python=args.fairseq_python, checkpoint=args.checkpoint, dicts=args.dicts,
+                         input_ids=args.input, beams=args.beams, repeats=args.repeats, batch_size=args.batch_size,
+                         config=config, log=lambda msg: print(msg, file=sys.stderr))
+    except (VsFairseqError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_result(result))
+    if args.json:
+        atomic_write_text(args.json, json.dumps(result, indent=1))
         print(f"\nwrote {args.json}")
     return 0
 
@@ -300,22 +329,41 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--reference", help="reference translations: report BLEU (needs --checkpoint)")
     st.add_argument("--spm", help="sentencepiece model for --source and the output (with --checkpoint)")
     st.add_argument("--sentences", type=_positive_int, default=None,
-                    help="first N sentences of a fixed shuffled order (default 16: about two minutes on 2 CPU cores)")
-    st.add_argument("--full", action="store_true", help="all sentences (6003 for newstest)")
+                    help="time the first N sentences of a fixed shuffled order, whole (no full-set estimate)")
+    st.add_argument("--full", action="store_true",
+                    help="run every sentence (6003 for newstest) instead of estimating the full set from a sample")
     st.add_argument("--beams", type=_int_list, default=[1, 5])
     st.add_argument("--backends", type=_name_list, default=None,
-                    help="comma-separated (default: every backend available on the device)")
+                    help="comma-separated; with --backends/--dtype/--decoders every combination is timed "
+                         "(default: the reference baseline and the fastest configuration of this machine)")
     st.add_argument("--device", default="cpu")
-    st.add_argument("--dtype", type=_name_list, default=["fp32"], help="fp32, bf16, int8 (fp32 activations, int8 decoder weights), comma-separated")
-    st.add_argument("--decoders", type=_name_list, default=["plain"],
+    st.add_argument("--dtype", type=_name_list, default=None,
+                    help="fp32, bf16, int8 (fp32 activations, int8 decoder weights), comma-separated")
+    st.add_argument("--decoders", type=_name_list, default=None,
                     help="plain and/or folded (attention projections precomputed per sentence; exact)")
+    st.add_argument("--repeats", type=_positive_int, default=3, help="timings per row (median and range)")
     st.add_argument("--batch-size", type=_positive_int, default=128)
     st.add_argument("--vocab", type=_positive_int, default=40000, help="vocabulary size for random weights")
     st.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads (0: default)")
     st.add_argument("--seed", type=int, default=1)
-    st.add_argument("--json", help="also write the numbers here")
+    st.add_argument("--json", help="also write the numbers here (updated after every timing)")
+    st.add_argument("--plot", help="draw the table beside the paper's rows into this PNG (matplotlib)")
     st.add_argument("--progress", action="store_true", help="show progress bars even when stderr is no terminal")
     st.set_defaults(func=cmd_speed_table)
+    vs = bsub.add_parser("vs-fairseq", help="fairseq's own generator beside convs2s: same checkpoint, sentences, "
+                                            "batches and forced lengths; times, ratio and output agreement")
+    vs.add_argument("--fairseq-python", required=True, help="python of a venv with fairseq installed")
+    vs.add_argument("--checkpoint", required=True, help="a fairseq fconv checkpoint (dictionaries beside it)")
+    vs.add_argument("--dicts", help="folder with the checkpoint's dictionaries (default: beside it)")
+    vs.add_argument("--input", required=True, help="source sentences as word ids, one sentence per line")
+    vs.add_argument("--beams", type=_int_list, default=[1, 5])
+    vs.add_argument("--repeats", type=_positive_int, default=1, help="timings per system and beam, interleaved")
+    vs.add_argument("--batch-size", type=_positive_int, default=128)
+    vs.add_argument("--backend", choices=("cpp", "reference"), help="convs2s backend (default: cpp where built)")
+    vs.add_argument("--decoder", choices=("plain", "folded"), default="folded")
+    vs.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads for both (0: default)")
+    vs.add_argument("--json", help="also write the numbers here")
+    vs.set_defaults(func=cmd_vs_fairseq)
     cmp_p = bsub.add_parser("compare", help="pivot pytest-benchmark JSON files into one table across machines")
     cmp_p.add_argument("files", nargs="+")
     cmp_p.add_argument("--format", choices=("markdown", "csv"), default="markdown")

@@ -15,7 +15,7 @@ results come back in input order.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -77,6 +77,7 @@ def generate(
     forced_length: Optional[Sequence[int]] = None,
     fold_attention: bool = False,
     shortlist=None,
+    step_hook: Optional[Callable[[int], None]] = None,
 ) -> List[List[dict]]:
     """Translate ``sources`` (token-id lists without EOS) with beam search.
 
@@ -94,6 +95,9 @@ def generate(
 
     ``shortlist`` (a :class:`convs2s.shortlist.Shortlist`) scores only its candidate target words
     for each batch (vocabulary selection); the others get probability 0.
+
+    ``step_hook(step)`` is called once a batch is encoded and its decoder state built (``step``
+    = -1), then after every decoding step: benchmarks time the parts of a batch with it.
     """
     if beam < 1 or nbest < 1 or nbest > beam:
         raise ValueError(f"need 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
@@ -118,7 +122,7 @@ def generate(
             if forced_length is not None:
                 forced = torch.tensor([int(forced_length[i]) for i in idx], device=device)
             hypos = _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen,
-                                 return_attention, forced, fold_attention, shortlist)
+                                 return_attention, forced, fold_attention, shortlist, step_hook)
             for i, h in zip(idx, hypos):
                 results[i] = h[:nbest]
             if bar is not None:
@@ -140,7 +144,7 @@ def _only_eos(lprobs: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None
 
 
 def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen, need_attn, forced_len,
-                 fold_attention=False, shortlist=None):
+                 fold_attention=False, shortlist=None, step_hook=None):
     bsz, src_len = src.shape
     V = model.tgt_vocab_size
     k = min(beam, V - 1)
@@ -170,6 +174,8 @@ def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen
     cand_offsets = torch.arange(cand_size, device=device)
     cands_to_ignore = torch.zeros(bsz, k, dtype=torch.bool, device=device)
     sent_ids = torch.arange(bsz, device=device)  # original sentence of each active batch row
+    if step_hook is not None:
+        step_hook(-1)
 
     for step in range(max_len + 1):
         logits, step_attn = model.decode_step(tokens[:, step], state, need_attn=need_attn)
@@ -212,6 +218,8 @@ def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen
                                        finalized, finished, sent_ids, k, max_len, lenpen)
             remaining -= len(newly_finished)
         if remaining == 0 or step >= max_len:
+            if step_hook is not None:
+                step_hook(step)
             break
 
         if newly_finished:
@@ -255,6 +263,8 @@ def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen
             sentence_of_row = torch.div(active_bbsz_idx, k, rounding_mode="floor")
             parents = active_bbsz_idx + (batch_idxs[sentence_of_row] - sentence_of_row) * k
         state.reorder(parents, sentence_index=batch_idxs)
+        if step_hook is not None:
+            step_hook(step)
 
     for hyps in finalized:
         hyps.sort(key=lambda h: h["score"], reverse=True)

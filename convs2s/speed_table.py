@@ -1,95 +1,46 @@
-"""The paper's generation-speed table (Table 3): time to translate newstest2012+2013 with beam 1
-and beam 5, batching up to 128 equal-length sentences, per backend, device and dtype.
+"""The paper's generation-speed table (Table 3): the time to translate newstest2012+2013 (6003
+sentences) with beam 1 and beam 5, in batches of up to 128 equal-length sentences.
 
-With random weights (the default) the output length is forced to ``round(1.1 * source length)``
-tokens (EOS forbidden before, forced at that step) so that every sentence costs what a real
-translation of it costs; newstest's French references are about 1.1x the English sources.
+Three ways to time a configuration (backend, decoder, dtype) at a beam:
+
+* ``estimate`` (the default): the full set's batches are built exactly as the full run builds
+  them, a sample of them is timed at their real shapes, and the full set's time is estimated
+  from it (:mod:`convs2s.speed_estimate`): minutes of work in seconds;
+* ``full`` (``--full``): every batch is run;
+* ``subset`` (``--sentences N``): the first N sentences of a fixed shuffled order, run whole.
+
+Every configuration is warmed up at each beam before any timing, timed ``repeats`` times with the
+configurations interleaved, and reported as the median with the range. The dispatcher counts,
+per op, which backend ran each call during the timed runs; a row whose backend fell back to
+another for some op is marked (``cpp*``).
 """
 
 from __future__ import annotations
 
+import copy
 import json
-import platform
-import random
 import time
-import zlib
-from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from convs2s_kernels.roofline import fractions_of_peak
+
 from .atomic import atomic_write_text
-
-# Sentence lengths (whitespace tokens) of the English newstest2012 + newstest2013 sources, the
-# paper's 6003-sentence development set: length -> number of sentences (mean 22.95, max 137).
-NEWSTEST_LENGTHS: Dict[int, int] = {
-    1: 15, 2: 37, 3: 37, 4: 47, 5: 83, 6: 112, 7: 130, 8: 158, 9: 187, 10: 169, 11: 184, 12: 196, 13: 191,
-    14: 198, 15: 211, 16: 225, 17: 215, 18: 224, 19: 207, 20: 212, 21: 195, 22: 187, 23: 165, 24: 166,
-    25: 170, 26: 163, 27: 126, 28: 126, 29: 120, 30: 121, 31: 106, 32: 99, 33: 111, 34: 91, 35: 69, 36: 84,
-    37: 72, 38: 59, 39: 47, 40: 72, 41: 48, 42: 32, 43: 44, 44: 46, 45: 41, 46: 36, 47: 34, 48: 31, 49: 34,
-    50: 23, 51: 31, 52: 21, 53: 16, 54: 18, 55: 14, 56: 12, 57: 8, 58: 13, 59: 11, 60: 14, 61: 5, 62: 10,
-    63: 7, 64: 7, 65: 2, 66: 3, 67: 3, 68: 5, 69: 2, 70: 3, 71: 2, 72: 5, 73: 5, 74: 3, 75: 1, 76: 4, 77: 2,
-    78: 3, 79: 2, 80: 3, 82: 1, 84: 1, 85: 1, 86: 1, 87: 1, 88: 1, 91: 1, 92: 2, 106: 1, 125: 1, 137: 1,
-}
-
-# Table 3 of the paper: (system, BLEU, seconds for the 6003 sentences).
-PAPER_ROWS = [
-    ("GNMT GPU (K80)", 31.20, 3028), ("GNMT CPU 88 cores", 31.20, 1322), ("GNMT TPU", 31.21, 384),
-    ("ConvS2S GPU (K40) b=1", 33.45, 327), ("ConvS2S GPU (M40) b=1", 33.45, 221),
-    ("ConvS2S GPU (GTX-1080ti) b=1", 33.45, 142), ("ConvS2S CPU 48 cores b=1", 33.45, 142),
-    ("ConvS2S GPU (K40) b=5", 34.10, 587), ("ConvS2S CPU 48 cores b=5", 34.10, 482),
-    ("ConvS2S GPU (M40) b=5", 34.10, 406), ("ConvS2S GPU (GTX-1080ti) b=5", 34.10, 256),
-]
-PAPER_SENTENCES = 6003
-SUBSET_SEED = 2017  # the fixed shuffled order the default subset is cut from
-# the model's dtype per row; "int8" is the float32 model decoding with int8 weights
-# (ConvS2SModel.quantize_decoder_int8), held against the float32 GEMM peak
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
-PEAK_OF = {"fp32": "fp32", "bf16": "bf16", "int8": "fp32"}
+from .speed_estimate import (BatchTiming, TRUNCATED_LENGTH, estimate, full_set_batches, sample_batches,
+                             summarise)
+from .speed_workload import (DECODERS, DTYPES, LENGTH_NOTE, NEWSTEST_LENGTHS, PAPER_ROWS, PAPER_SENTENCES,  # noqa: F401
+                             PEAK_OF, REFERENCE, SUBSET_SEED, Config, fastest_config, forced_lengths, hashed_ids,
+                             random_sentences, subset_order, synthetic_lengths)
 
 
 class SpeedTableError(ValueError):
     """Bad options for the speed table (unknown backend, dtype, missing file...)."""
 
 
-DECODERS = ("plain", "folded")  # folded: attention projections precomputed per sentence (exact)
-
-
-@dataclass
-class Row:
-    backend: str
-    decoder: str
-    dtype: str
-    beam: int
-    sentences: int
-    source_tokens: int
-    target_tokens: int
-    seconds: float
-    sentences_per_s: float
-    tokens_per_s: float
-    gflops_per_s: float
-    fraction_of_gemm_peak: Optional[float] = None
-    bleu: Optional[float] = None
-
-
-def synthetic_lengths() -> List[int]:
-    """The 6003 newstest source lengths, in the fixed shuffled order."""
-    lengths = [L for L, n in sorted(NEWSTEST_LENGTHS.items()) for _ in range(n)]
-    random.Random(SUBSET_SEED).shuffle(lengths)
-    return lengths
-
-
-def subset_order(n_total: int) -> List[int]:
-    order = list(range(n_total))
-    random.Random(SUBSET_SEED).shuffle(order)
-    return order
-
-
-def hashed_ids(tokens: Sequence[str], vocab: int) -> List[int]:
-    """Stable ids in [4, vocab) for words, for random-weight runs on a real text."""
-    return [4 + zlib.crc32(t.encode("utf-8")) % (vocab - 4) for t in tokens]
-
-
+# --- FLOP and byte models --------------------------------------------------------------------------
 def _weight_elements(module: torch.nn.Module) -> int:
     """Multiply-accumulates per row of the module's linear and convolution layers (embeddings are
     lookups, gains and biases negligible)."""
@@ -111,21 +62,169 @@ def generation_flops(model, source_lengths: Sequence[int], target_lengths: Seque
     return total
 
 
-def machine_description(device: torch.device) -> dict:
-    from convs2s_kernels.env import cpu_model
+def decoder_step_bytes(model, vocab_rows: Optional[int] = None) -> int:
+    """Bytes of decoder weights one decoding step must stream, at the dtype they are stored in
+    (int8 plus a float32 scale per row where int8 decoding is on); ``vocab_rows`` counts only
+    that many rows of the output layer (a shortlist). Embeddings are gathered rows: not counted."""
+    total = 0
+    for name, module in model.decoder.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() < 2 or "embed_" in name:
+            continue
+        quantized = module.int8_weight() if hasattr(module, "int8_weight") else None
+        if quantized is not None:
+            q, scale = quantized
+            n_bytes = q.numel() * q.element_size() + scale.numel() * scale.element_size()
+        else:
+            n_bytes = weight.numel() * weight.element_size()
+        if name == "fc3" and vocab_rows is not None:
+            n_bytes = n_bytes * vocab_rows // weight.shape[0]
+        total += n_bytes
+    return total
 
-    info = dict(cpu=cpu_model(), threads=torch.get_num_threads(), torch=torch.__version__,
-                python=platform.python_version(), device=str(device))
+
+# --- timing one batch ----------------------------------------------------------------------------
+@dataclass
+class Workload:
+    sources: List[List[int]]          # token ids, EOS excluded
+    forced: Optional[List[int]]       # forced output lengths (random weights), None with a checkpoint
+    batch_size: int
+
+
+def _sync(device: torch.device) -> None:
     if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        info.update(gpu=p.name, compute_capability=f"{p.major}.{p.minor}")
-    return info
+        torch.cuda.synchronize(device)
 
 
-def device_label(machine: dict) -> str:
-    if "gpu" in machine:
-        return f"GPU ({machine['gpu']})"
-    return f"CPU {machine['threads']} threads"
+def time_batch(model, sources, forced, beam: int, config: Config, *, cut: Optional[int] = None):
+    """Run one batch (equal-length sources), timing its preparation and each step; ``cut`` forces
+    at most that many output tokens (the estimate's short runs), with the real shapes otherwise.
+    Returns ``(BatchTiming, hypotheses)``."""
+    from .generate import generate
+    from .speed_estimate import Batch
+
+    device = next(model.parameters()).device
+    marks: List[float] = []
+    hook = (lambda step: (_sync(device), marks.append(time.perf_counter())))
+    run_forced = None if forced is None else [min(f, cut) if cut else f for f in forced]
+    _sync(device)
+    t0 = time.perf_counter()
+    hyps = generate(model, sources, beam=beam, batch_size=len(sources), max_len_a=1.2 if forced else 0.0,
+                    max_len_b=10 if forced else 200, forced_length=run_forced,
+                    fold_attention=config.decoder == "folded", step_hook=hook)
+    _sync(device)
+    marks[-1] = time.perf_counter()  # the last step owns the bookkeeping after it: parts sum to the call
+    times = [t0] + marks
+    batch = Batch(tuple(range(len(sources))), len(sources[0]), forced[0] if forced else len(marks) - 2)
+    return BatchTiming(batch, times[1] - times[0], [b - a for a, b in zip(times[1:], times[2:])]), hyps
+
+
+# --- the models, one per dtype ----------------------------------------------------------------------
+class Models:
+    """The model in each dtype the configurations need (int8: a float32 copy decoding with int8
+    decoder weights), made once, so switching configurations between timings costs nothing."""
+
+    def __init__(self, base: torch.nn.Module, device: torch.device):
+        self.base, self.device, self.cache = base, device, {}
+
+    def get(self, config: Config):
+        if config.dtype not in self.cache:
+            model = self.base if config.dtype == "fp32" else copy.deepcopy(self.base)
+            model.to(device=self.device, dtype=DTYPES[config.dtype])
+            model.quantize_decoder_int8(config.dtype == "int8")
+            self.cache[config.dtype] = model
+        return self.cache[config.dtype].use_backend(config.backend)
+
+
+# --- one configuration at one beam, one repeat ---------------------------------------------------------
+def _time_estimate(model, work: Workload, batches, sample, beam, config):
+    timings = []
+    for j in sample:
+        b = batches[j]
+        timing, _ = time_batch(model, [work.sources[i] for i in b.indices], [work.forced[i] for i in b.indices],
+                               beam, config, cut=TRUNCATED_LENGTH)
+        timings.append(BatchTiming(b, timing.prepare, timing.steps))
+    est = estimate(batches, timings)
+    return est.seconds, dict(model_uncertainty_s=est.model_uncertainty,
+                             sample=[dict(sentences=t.batch.size, src_len=t.batch.src_len, steps=t.batch.steps,
+                                          prepare_s=t.prepare, step_s=t.steps, modelled_s=t.full_seconds())
+                                     for t in timings]), None
+
+
+def _time_all(model, work: Workload, batches, beam, config, progress):
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(work.sources), unit="sent", desc=f"{config.name} beam {beam}", leave=False)
+    per_batch, outputs = [], [None] * len(work.sources)
+    for b in batches:
+        forced = None if work.forced is None else [work.forced[i] for i in b.indices]
+        t, hyps = time_batch(model, [work.sources[i] for i in b.indices], forced, beam, config)
+        per_batch.append(t.prepare + sum(t.steps))
+        for i, h in zip(b.indices, hyps):
+            outputs[i] = h[0]["tokens"]
+        if bar is not None:
+            bar.update(b.size)
+    if bar is not None:
+        bar.close()
+    return sum(per_batch), dict(batch_seconds=per_batch, batches=[[b.size, b.src_len] for b in batches]), outputs
+
+
+def _warm_up(models: Models, work: Workload, batches, configs, beams) -> None:
+    """Every (configuration, beam) once on the largest and the smallest batch, cut short: first
+    calls allocate, pack weights and pick kernels, and none of that belongs in a timing."""
+    ends = [max(range(len(batches)), key=lambda i: (batches[i].size, batches[i].src_len)),
+            min(range(len(batches)), key=lambda i: (batches[i].size, batches[i].src_len))]
+    for config in configs:
+        model = models.get(config)
+        for beam in beams:
+            for j in ends:
+                b = batches[j]
+                forced = None if work.forced is None else [work.forced[i] for i in b.indices]
+                time_batch(model, [work.sources[i] for i in b.indices], forced, beam, config, cut=1 if forced else None)
+
+
+# --- the whole table ------------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    mode: str                  # "estimate", "full" or "subset"
+    configs: List[Config]
+    beams: List[int]
+    repeats: int
+
+
+def measure(models: Models, work: Workload, plan: Plan, progress: bool = False,
+            on_row: Optional[Callable[[dict], None]] = None, log=print) -> List[dict]:
+    """Time every (configuration, beam) ``plan.repeats`` times, configurations interleaved within
+    each repeat; returns one raw record per (configuration, beam) with every repeat's seconds,
+    the method's details and the dispatch counts of the timed calls."""
+    import convs2s_kernels as ck
+
+    batches = full_set_batches([len(s) for s in work.sources],
+                               work.forced or [0] * len(work.sources), work.batch_size)
+    sample = sample_batches(batches) if plan.mode == "estimate" else None
+    _warm_up(models, work, batches, plan.configs, plan.beams)
+    records = {(c, b): dict(config=c, beam=b, seconds=[], per_repeat=[], dispatches=Counter(), outputs=None)
+               for c in plan.configs for b in plan.beams}
+    for rep in range(plan.repeats):
+        for config in plan.configs:
+            model = models.get(config)
+            for beam in plan.beams:
+                rec = records[(config, beam)]
+                with ck.count_dispatches() as counts:
+                    if plan.mode == "estimate":
+                        secs, details, outputs = _time_estimate(model, work, batches, sample, beam, config)
+                    else:
+                        secs, details, outputs = _time_all(model, work, batches, beam, config, progress)
+                rec["seconds"].append(secs)
+                rec["per_repeat"].append(details)
+                rec["outputs"] = outputs
+                rec["dispatches"] = counts  # the calls of one repeat
+                log(f"repeat {rep + 1}/{plan.repeats} {config.name:<22} beam {beam}: {secs:.2f} s")
+                if on_row is not None:
+                    on_row(rec)
+    return list(records.values())
 
 
 def check_backends(names: Sequence[str], device: torch.device) -> List[str]:
@@ -133,7 +232,6 @@ def check_backends(names: Sequence[str], device: torch.device) -> List[str]:
     import convs2s_kernels as ck
 
     avail = ck.available_backends()
-    out = []
     for name in names:
         if name not in avail:
             raise SpeedTableError(f"unknown backend {name!r}; known: {', '.join(avail)}")
@@ -144,53 +242,94 @@ def check_backends(names: Sequence[str], device: torch.device) -> List[str]:
         if name == "triton" and device.type == "cpu":
             raise SpeedTableError("backend 'triton' times GPUs only (on the CPU it runs in its interpreter, "
                                   "a correctness tool); use --device cuda")
-        out.append(name)
-    return out
+    return list(names)
 
 
-def default_backends(device: torch.device) -> List[str]:
+def choose_configs(device: torch.device, backends: Optional[Sequence[str]], dtypes: Optional[Sequence[str]],
+                   decoders: Optional[Sequence[str]]) -> List[Config]:
+    """Every (backend, decoder, dtype) asked for; with none asked, the reference backend's plain
+    fp32 decoder (the baseline) and the fastest configuration this machine supports."""
     import convs2s_kernels as ck
 
-    usable = [b for b, why in ck.available_backends().items() if why is None]
-    if device.type != "cpu":
-        usable = [b for b in usable if b != "cpp"]
-    else:  # on CPU tensors Triton runs only in its interpreter: a correctness tool, not a speed
-        usable = [b for b in usable if b != "triton"]
-    return sorted(usable, key=lambda b: b != "reference")  # reference first: the baseline
+    for name, given, known in (("dtype", dtypes, DTYPES), ("decoder", decoders, DECODERS)):
+        bad = [d for d in given or () if d not in known]
+        if bad:
+            raise SpeedTableError(f"unknown {name} {bad[0]!r}; choose from {', '.join(known)}")
+    if not (backends or dtypes or decoders):
+        fastest = fastest_config(device, ck.available_backends())
+        return [REFERENCE] if fastest == REFERENCE else [REFERENCE, fastest]
+    backends = check_backends(backends or ["reference", fastest_config(device, ck.available_backends()).backend],
+                              device)
+    backends = sorted(dict.fromkeys(backends), key=lambda b: b != "reference")  # the baseline first
+    dtypes = sorted(dict.fromkeys(dtypes or ["fp32"]), key=lambda d: d != "fp32")
+    return [Config(b, d, t) for t in dtypes for b in backends for d in (decoders or ["plain"])]
+
+
+def make_workload(*, model, source: Optional[str], checkpoint, src_dict, tokenizer, sentences: Optional[int],
+                  vocab: int, seed: int, batch_size: int, log) -> tuple:
+    """The sentences to translate (ids), their order in the input and the set's total size."""
+    from .translate import read_lines
+
+    texts: Optional[List[str]] = None
+    if source:
+        texts = [t for _, t in read_lines(source)]
+        if not texts:
+            raise SpeedTableError(f"{source} holds no sentences")
+        order = subset_order(len(texts)) if sentences is not None else list(range(len(texts)))
+    else:
+        lengths_all = synthetic_lengths()
+        order = list(range(len(lengths_all)))  # already shuffled
+    n_total = len(order)
+    order = order[:sentences] if sentences is not None else order
+    if texts is not None:
+        toks = [tokenizer.encode(texts[i]) for i in order]
+        ids = [src_dict.encode(t) for t in toks] if checkpoint else [hashed_ids(t, vocab) for t in toks]
+    else:
+        ids = random_sentences([lengths_all[i] for i in order], vocab, seed)
+    max_src = min(model.max_positions()) - 1
+    keep = [i for i, s in enumerate(ids) if 0 < len(s) <= max_src]
+    if len(keep) < len(ids):
+        log(f"skipping {len(ids) - len(keep)} empty or over-long sentences")
+    ids, order = [ids[i] for i in keep], [order[i] for i in keep]
+    work = Workload(ids, None if checkpoint else forced_lengths(ids), batch_size)
+    return work, order, n_total
 
 
 def run(*, arch: str = "fconv_wmt_en_fr", checkpoint: Optional[str] = None, dicts: Optional[str] = None,
         source: Optional[str] = None, reference: Optional[str] = None, spm: Optional[str] = None,
-        sentences: Optional[int] = 16, beams: Sequence[int] = (1, 5), backends: Optional[Sequence[str]] = None,
-        device: str = "cpu", dtypes: Sequence[str] = ("fp32",), decoders: Sequence[str] = ("plain",),
-        batch_size: int = 128, vocab: int = 40000,
-        seed: int = 1, progress: bool = False, log=print) -> dict:
-    """Time generation for every (backend, dtype, beam); returns ``{"rows": [...], "machine", "setup"}``.
+        mode: str = "estimate", sentences: Optional[int] = None, beams: Sequence[int] = (1, 5),
+        backends: Optional[Sequence[str]] = None, device: str = "cpu", dtypes: Optional[Sequence[str]] = None,
+        decoders: Optional[Sequence[str]] = None, repeats: int = 3, batch_size: int = 128, vocab: int = 40000,
+        seed: int = 1, progress: bool = False, on_update: Optional[Callable[[dict], None]] = None,
+        log=print) -> dict:
+    """Time generation for every configuration and beam; returns ``{"rows", "machine", "setup"}``.
 
-    ``sentences=None`` runs the whole set; otherwise the first ``sentences`` of a fixed shuffled
-    order. BLEU is computed when a checkpoint and ``reference`` are given.
+    ``mode`` is ``estimate`` (the full set's time from a timed sample of its batches), ``full``
+    (every sentence) or ``subset`` (the first ``sentences`` of a fixed shuffled order).
+    ``on_update(partial_result)`` is called after every timing (to save progress).
     """
     import convs2s
 
-    from .generate import generate
-    from .translate import Tokenizer, read_lines
+    from .translate import Tokenizer
 
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SpeedTableError("--device cuda asked for, but torch sees no CUDA device")
-    bad = [d for d in dtypes if d not in DTYPES]
-    if bad:
-        raise SpeedTableError(f"unknown dtype {bad[0]!r}; choose from {', '.join(DTYPES)}")
-    bad = [d for d in decoders if d not in DECODERS]
-    if bad:
-        raise SpeedTableError(f"unknown decoder {bad[0]!r}; choose from {', '.join(DECODERS)}")
-    backends = check_backends(backends, dev) if backends else default_backends(dev)
+    if mode not in ("estimate", "full", "subset"):
+        raise SpeedTableError(f"unknown mode {mode!r}")
+    if (mode == "subset") != (sentences is not None):
+        raise SpeedTableError("give the number of sentences with the subset mode, and only with it")
+    if repeats < 1:
+        raise SpeedTableError(f"repeats must be at least 1, got {repeats}")
+    configs = choose_configs(dev, backends, dtypes, decoders)
     if reference and not checkpoint:
         raise SpeedTableError("--reference needs --checkpoint: BLEU of random weights means nothing")
+    if checkpoint and mode == "estimate":
+        raise SpeedTableError("the estimate needs forced output lengths (random weights); with --checkpoint "
+                              "use --full or --sentences N")
 
-    # --- the model -------------------------------------------------------------------------
-    tgt_dict = None
     tokenizer = Tokenizer(spm) if spm else Tokenizer()
+    src_dict = tgt_dict = None
     if checkpoint:
         model, src_dict, tgt_dict = convs2s.load_fairseq(checkpoint, dicts)
         arch_name = model.cfg.arch
@@ -199,131 +338,158 @@ def run(*, arch: str = "fconv_wmt_en_fr", checkpoint: Optional[str] = None, dict
         model = convs2s.build_model(arch, vocab, vocab)  # ValueError names the known architectures
         arch_name = arch
     model.fold_weight_norm().eval()
+    work, order, n_total = make_workload(model=model, source=source, checkpoint=checkpoint, src_dict=src_dict,
+                                         tokenizer=tokenizer, sentences=sentences, vocab=vocab, seed=seed,
+                                         batch_size=batch_size, log=log)
+    refs = _references(reference, order, n_total)
 
-    # --- the sentences ---------------------------------------------------------------------
-    texts: Optional[List[str]] = None
-    if source:
-        texts = [t for _, t in read_lines(source)]
-        if not texts:
-            raise SpeedTableError(f"{source} holds no sentences")
-        order = subset_order(len(texts))
-    else:
-        lengths_all = synthetic_lengths()
-        order = list(range(len(lengths_all)))  # already shuffled
-    n_total = len(order)
-    if sentences is not None:
-        order = order[:sentences]
-    if texts is not None:
-        toks = [tokenizer.encode(texts[i]) for i in order]
-        ids = [src_dict.encode(t) for t in toks] if checkpoint else [hashed_ids(t, vocab) for t in toks]
-    else:
-        gen = torch.Generator().manual_seed(seed)
-        ids = [torch.randint(4, vocab, (lengths_all[i],), generator=gen).tolist() for i in order]
-    max_src = min(model.max_positions()) - 1
-    keep = [i for i, s in enumerate(ids) if 0 < len(s) <= max_src]
-    if len(keep) < len(ids):
-        log(f"skipping {len(ids) - len(keep)} empty or over-long sentences")
-    ids = [ids[i] for i in keep]
-    order = [order[i] for i in keep]
-    forced = None if checkpoint else [max(1, round(1.1 * len(s))) for s in ids]
-    refs = None
-    if reference:
-        ref_lines = [t for _, t in read_lines(reference)]
-        if len(ref_lines) != n_total:
-            raise SpeedTableError(f"{reference} has {len(ref_lines)} lines but the source has {n_total}")
-        refs = [ref_lines[i] for i in order]
-
-    # --- timing ----------------------------------------------------------------------------
+    from convs2s_kernels.env import machine_description
     from convs2s_kernels.roofline import measure_peaks
 
-    peaks = measure_peaks(dev, sorted({DTYPES[d] for d in dtypes}, key=str))
-    rows: List[Row] = []
-    src_tokens = sum(len(s) for s in ids)
-    for dtype_name in dtypes:
-        model.to(device=dev, dtype=DTYPES[dtype_name])
-        model.quantize_decoder_int8(dtype_name == "int8")
-        for backend in backends:
-            model.use_backend(backend)
-            generate(model, ids[:1], beam=max(beams), max_len_b=3)  # warm-up: allocations, caches
-            for decoder in decoders:
-                for beam in beams:
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    hyps = generate(model, ids, beam=beam, batch_size=batch_size,
-                                    max_len_a=1.2 if forced else 0.0, max_len_b=10 if forced else 200,
-                                    forced_length=forced, progress=progress, fold_attention=decoder == "folded")
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize()
-                    secs = time.perf_counter() - t0
-                    tgt_tokens = sum(len(h[0]["tokens"]) for h in hyps)  # EOS included, as fairseq counts
-                    bleu = None
-                    if refs is not None:
-                        import sacrebleu
+    machine = dict(machine_description(dev), **measure_peaks(dev, sorted({DTYPES[c.dtype] for c in configs}, key=str)))
+    batches = full_set_batches([len(s) for s in work.sources], work.forced or [0] * len(work.sources), batch_size)
+    setup = dict(arch=arch_name, checkpoint=checkpoint, parameters=model.num_parameters(),
+                 source=source or LENGTH_NOTE, newstest=source is None, mode=mode, sentences=len(work.sources),
+                 of_sentences=n_total, batches=len(batches), batch_size=batch_size, repeats=repeats,
+                 sample_batches=len(sample_batches(batches)) if mode == "estimate" else None,
+                 subset=None if sentences is None else f"first {len(work.sources)} of a fixed shuffled order "
+                                                       f"(seed {SUBSET_SEED})",
+                 forced_length=None if checkpoint else "round(1.1 x source length)",
+                 vocab=None if checkpoint else vocab, seed=seed)
+    plan = Plan(mode, configs, list(beams), repeats)
+    models = Models(model, dev)
 
-                        out = [tokenizer.decode([tgt_dict[int(t)] for t in h[0]["tokens"][:-1]]) for h in hyps]
-                        bleu = sacrebleu.corpus_bleu(out, [refs]).score
-                    # FLOPs of the plain decoder: the folded one does the same translation with fewer
-                    flops = generation_flops(model, [len(s) for s in ids], [len(h[0]["tokens"]) for h in hyps], beam)
-                    gflops = flops / secs / 1e9
-                    rows.append(Row(backend, decoder, dtype_name, beam, len(ids), src_tokens, tgt_tokens, secs,
-                                    len(ids) / secs, tgt_tokens / secs, gflops,
-                                    gflops / peaks[f"gemm_gflops_{PEAK_OF[dtype_name]}"], bleu))
-                    log(f"{backend:<10} {decoder:<7} {dtype_name:<5} beam {beam}: {secs:.2f} s, "
-                        f"{tgt_tokens / secs:.1f} tok/s")
-    model.use_backend(None)
-    model.quantize_decoder_int8(False)
-    setup = dict(arch=arch_name, checkpoint=checkpoint, source=source or "synthetic newstest lengths",
-                 sentences=len(ids), of_sentences=n_total, subset="all" if sentences is None else
-                 f"first {len(ids)} of a fixed shuffled order (seed {SUBSET_SEED})",
-                 forced_length="round(1.1 x source length)" if forced else None, batch_size=batch_size,
-                 vocab=None if checkpoint else vocab, seed=seed, parameters=model.num_parameters())
-    return dict(rows=[asdict(r) for r in rows], machine=dict(machine_description(dev), **peaks), setup=setup)
+    def result_of(records) -> dict:
+        rows = [_row(rec, work, models, machine, tgt_dict, tokenizer, refs) for rec in records if rec["seconds"]]
+        return dict(rows=rows, machine=machine, setup=setup)
+
+    live: Dict = {}
+
+    def on_row(rec):
+        live[(rec["config"], rec["beam"])] = rec
+        if on_update is not None:
+            on_update(dict(result_of(list(live.values())), partial=True))
+
+    records = measure(models, work, plan, progress=progress, on_row=on_row, log=log)
+    for m in models.cache.values():
+        m.use_backend(None).quantize_decoder_int8(False)
+    return result_of(records)
 
 
-def format_table(result: dict) -> str:
-    """Markdown: this machine's rows in the paper's form, speedups over reference, the paper's rows."""
-    rows, setup, machine = result["rows"], result["setup"], result["machine"]
-    base = {(r["dtype"], r["beam"]): r["seconds"] for r in rows
-            if r["backend"] == "reference" and r.get("decoder", "plain") == "plain"}
-    scale = PAPER_SENTENCES / max(setup["sentences"], 1)
-    lines = [
-        f"Generation speed, {setup['arch']} ({setup['parameters']:,} parameters), {setup['source']}: "
-        f"{setup['sentences']} of {setup['of_sentences']} sentences ({setup['subset']}), "
-        f"batches of up to {setup['batch_size']} equal-length sentences"
-        + (f", output length forced to {setup['forced_length']}" if setup.get("forced_length") else "") + ".",
-        f"Machine: {machine['cpu']}, {machine['threads']} threads, torch {machine['torch']}"
-        + (f", {machine['gpu']}" if "gpu" in machine else "") + ".",
-        "GEMM peak measured in the same run: " + ", ".join(
-            f"{k[len('gemm_gflops_'):]} {v:.0f} GFLOP/s" for k, v in machine.items() if k.startswith("gemm_gflops_"))
-        + (f"; copy {machine['copy_gbps']:.1f} GB/s." if "copy_gbps" in machine else ".")
-        + " GFLOP/s count the plain decoder's work for every row; speedups are over the reference backend's"
-          " plain decoder in the same dtype, and in fp32 (int8 rows: fp32 activations, int8 decoder weights).",
-        "",
-        "| device | backend | decoder | dtype | beam | BLEU | time (s) | time for 6003 (s, extrapolated) | sent/s | tok/s "
-        "| GFLOP/s | % of GEMM peak | speedup vs reference | vs fp32 reference |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        ref = base.get((r["dtype"], r["beam"]))
-        speed = f"{ref / r['seconds']:.2f}x" if ref else "n/a"
-        ref32 = base.get(("fp32", r["beam"]))
-        speed32 = f"{ref32 / r['seconds']:.2f}x" if ref32 else "n/a"
-        bleu = f"{r['bleu']:.2f}" if r.get("bleu") is not None else "-"
-        lines.append(f"| {device_label(machine)} | {r['backend']} | {r.get('decoder', 'plain')} | {r['dtype']} | {r['beam']} | {bleu} | "
-                     f"{r['seconds']:.2f} | {r['seconds'] * scale:,.0f} | {r['sentences_per_s']:.2f} | "
-                     f"{r['tokens_per_s']:.1f} | {r['gflops_per_s']:.1f} | {100 * r['fraction_of_gemm_peak']:.0f}% "
-                     f"| {speed} | {speed32} |")
-    if setup["sentences"] < setup["of_sentences"]:
-        lines += ["", f"The 6003-sentence column scales this subset's time linearly; the full set batches up to "
-                      f"{setup['batch_size']} equal-length sentences far more often, so it runs faster than that "
-                      "(use --full to measure it)."]
-    lines += ["", "The paper's Table 3 (6003 sentences, trained model):", "",
-              "| system | BLEU | time (s) | sent/s |", "|---|---|---|---|"]
-    for name, bleu, secs in PAPER_ROWS:
-        lines.append(f"| {name} | {bleu:.2f} | {secs:,} | {PAPER_SENTENCES / secs:.1f} |")
-    return "\n".join(lines)
+def _references(reference: Optional[str], order: List[int], n_total: int) -> Optional[List[str]]:
+    if not reference:
+        return None
+    from .translate import read_lines
+
+    lines = [t for _, t in read_lines(reference)]
+    if len(lines) != n_total:
+        raise SpeedTableError(f"{reference} has {len(lines)} lines but the source has {n_total}")
+    return [lines[i] for i in order]
+
+
+def _row(rec: dict, work: Workload, models: Models, machine: dict, tgt_dict, tokenizer, refs) -> dict:
+    """One table row from the raw record of a (configuration, beam)."""
+    config, beam, secs = rec["config"], rec["beam"], rec["seconds"]
+    spread = summarise(secs)
+    if work.forced is not None:
+        tgt_lengths = [f + 1 for f in work.forced]  # EOS included, as fairseq counts
+    else:
+        tgt_lengths = [len(t) for t in rec["outputs"]]
+    bleu = None
+    if refs is not None:
+        import sacrebleu
+
+        out = [tokenizer.decode([tgt_dict[int(t)] for t in toks[:-1]]) for toks in rec["outputs"]]
+        bleu = sacrebleu.corpus_bleu(out, [refs]).score
+    dispatches: Dict[str, Dict[str, int]] = {}
+    for (op, backend), n in sorted(rec["dispatches"].items()):
+        dispatches.setdefault(op, {})[backend] = n
+    fell_back = {op: {b: n for b, n in per.items() if b != config.backend} for op, per in dispatches.items()}
+    fell_back = {op: per for op, per in fell_back.items() if per}
+    flops = generation_flops(models.base, [len(s) for s in work.sources], tgt_lengths, beam)
+    median = spread["median"]
+    fraction = fractions_of_peak(gflops_per_s=flops / median / 1e9, gb_per_s=0.0,
+                                 gemm_gflops=machine[f"gemm_gflops_{PEAK_OF[config.dtype]}"])
+    uncertainty = [d["model_uncertainty_s"] for d in rec["per_repeat"] if "model_uncertainty_s" in d]
+    return dict(
+        backend=config.backend, decoder=config.decoder, dtype=config.dtype, beam=beam,
+        label=config.backend + ("*" if fell_back else ""), method=("estimate" if uncertainty else "measured"),
+        sentences=len(work.sources), source_tokens=sum(len(s) for s in work.sources), target_tokens=sum(tgt_lengths),
+        seconds=median, seconds_min=spread["min"], seconds_max=spread["max"], repeats=spread["repeats"],
+        seconds_per_repeat=secs, model_uncertainty_s=max(uncertainty) if uncertainty else None,
+        sentences_per_s=len(work.sources) / median, tokens_per_s=sum(tgt_lengths) / median,
+        gflops_per_s=flops / median / 1e9,
+        fraction_of_gemm_peak=fraction["fraction_of_gemm_peak"],
+        bleu=bleu, dispatches=dispatches, fell_back=fell_back, per_repeat=rec["per_repeat"])
 
 
 def write_json(result: dict, path: str) -> None:
-    atomic_write_text(path, json.dumps(result, indent=2))
+    atomic_write_text(path, json.dumps(result, indent=1))
+
+
+def _header(result: dict) -> List[str]:
+    setup, machine = result["setup"], result["machine"]
+    how = {
+        "estimate": f"the full set's {setup['batches']} batches (up to {setup['batch_size']} equal-length sentences "
+                    f"each, as the full run makes them), its time estimated from {setup['sample_batches']} of "
+                    f"them timed at their real shapes for their first {TRUNCATED_LENGTH} steps and EOS, priced per "
+                    "batch by a cost model in rows x steps (convs2s/speed_estimate.py)",
+        "full": f"every one of the {setup['batches']} batches run (up to {setup['batch_size']} equal-length sentences)",
+        "subset": f"{setup['subset']}, batched by equal length; not an estimate of the full set",
+    }[setup["mode"]]
+    isa = ", ".join(machine.get("isa") or ["unknown ISA"])
+    caps = ", ".join(f"{k}={v}" for k, v in (machine.get("isa_caps") or {}).items())
+    return [
+        f"Generation speed, {setup['arch']} ({setup['parameters']:,} parameters): {setup['sentences']:,} of "
+        f"{setup['of_sentences']:,} sentences of {setup['source']}.",
+        f"Timing: {how}. Each row is the median of {setup['repeats']} repeat(s), configurations interleaved and "
+        "each warmed up at each beam first; the range over repeats follows"
+        + ("; ± is the estimate's model uncertainty (largest change when one sample batch is left out)."
+           if setup["mode"] == "estimate" else "."),
+        f"Machine: {machine['cpu']}; {isa}" + (f" (capped: {caps})" if caps else "")
+        + f"; {machine['threads']} threads; {machine.get('allocator', 'unknown')}; torch {machine['torch']}"
+        + "".join(f", {k} {machine[k]}" for k in ("mkl", "onednn") if machine.get(k))
+        + ("; bf16 native (" + machine["native_bf16"] + ")" if machine.get("native_bf16") else "; bf16 not native")
+        + (f"; {machine['gpu']}" if machine.get("gpu") else "") + ".",
+        "Peaks measured in this run: GEMM " + ", ".join(
+            f"{k[len('gemm_gflops_'):]} {v:.0f} GFLOP/s" for k, v in machine.items() if k.startswith("gemm_gflops_"))
+        + (f"; copy {machine['copy_gbps']:.1f} GB/s" if "copy_gbps" in machine else "")
+        + ". GFLOP/s count the plain decoder's work for every row; speedups are over the reference backend's "
+          "plain decoder in the same dtype, and in fp32 (int8: fp32 activations, int8 decoder weights).",
+    ]
+
+
+def format_table(result: dict) -> str:
+    """Markdown: the header, this machine's rows, what fell back, the paper's rows beside them."""
+    rows, setup = result["rows"], result["setup"]
+    base = {(r["dtype"], r["beam"]): r["seconds"] for r in rows
+            if r["backend"] == "reference" and r["decoder"] == "plain"}
+    what = "these sentences" if setup["mode"] == "subset" else f"all {setup['sentences']:,} sentences"
+    lines = _header(result) + [
+        "", f"| backend | decoder | dtype | beam | BLEU | time for {what} (s) | range (s) | ± model (s) | sent/s "
+            "| tok/s | GFLOP/s | % of GEMM peak | vs reference | vs fp32 reference |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ref, ref32 = base.get((r["dtype"], r["beam"])), base.get(("fp32", r["beam"]))
+        speedup = [f"{b / r['seconds']:.2f}x" if b else "n/a" for b in (ref, ref32)]
+        bleu = "-" if r["bleu"] is None else f"{r['bleu']:.2f}"
+        model_pm = "-" if r["model_uncertainty_s"] is None else f"{r['model_uncertainty_s']:,.1f}"
+        lines.append(
+            f"| {r['label']} | {r['decoder']} | {r['dtype']} | {r['beam']} | {bleu} | {r['seconds']:,.1f} | "
+            f"{r['seconds_min']:,.1f}–{r['seconds_max']:,.1f} | {model_pm} | {r['sentences_per_s']:.2f} | "
+            f"{r['tokens_per_s']:.1f} | {r['gflops_per_s']:.1f} | {100 * r['fraction_of_gemm_peak']:.0f}% | "
+            f"{speedup[0]} | {speedup[1]} |")
+    starred = [r for r in rows if r["fell_back"]]
+    if starred:
+        lines.append("")
+    for r in starred:
+        ran = "; ".join(f"{op}: " + ", ".join(f"{b} {n:,}" for b, n in per.items())
+                        for op, per in r["dispatches"].items() if op in r["fell_back"])
+        lines.append(f"\\* {r['backend']} {r['decoder']} {r['dtype']} beam {r['beam']}: some calls ran on another "
+                     f"backend (calls per op in one repeat): {ran}.")
+    lines += ["", "The paper's Table 3 (newstest2012+2013, 6003 sentences, trained model)"
+              + ("" if setup.get("newstest") else f"; not the set timed above ({setup['source']})") + ":", "",
+              "| system | BLEU | time (s) | sent/s |", "|---|---|---|---|"]
+    for name, bleu, secs, _ in PAPER_ROWS:
+        lines.append(f"| {name} | {bleu:.2f} | {secs:,} | {PAPER_SENTENCES / secs:.1f} |")
+    return "\n".join(lines)

@@ -9,7 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import convs2s
 from convs2s.cli import main
-from convs2s.speed_table import NEWSTEST_LENGTHS, generation_flops, synthetic_lengths
+from convs2s.speed_table import NEWSTEST_LENGTHS, decoder_step_bytes, generation_flops, run, synthetic_lengths
 
 from conftest import SHARED, require_shared
 
@@ -17,9 +17,11 @@ TINY = ["--arch", "fconv_iwslt_de_en", "--vocab", "64", "--threads", "1"]
 
 
 def test_embedded_lengths_follow_newstest():
-    lengths = synthetic_lengths()
-    assert len(lengths) == 6003 and max(lengths) == 137
-    assert abs(sum(lengths) / len(lengths) - 22.95) < 0.01
+    words = synthetic_lengths(NEWSTEST_LENGTHS)
+    assert len(words) == 6003 and max(words) == 137
+    assert abs(sum(words) / len(words) - 22.95) < 0.01
+    lengths = synthetic_lengths()  # subwords, the unit the paper's model read
+    assert len(lengths) == 6003 and sum(lengths) / sum(words) == pytest.approx(1.107, abs=5e-4)
     assert lengths != sorted(lengths) and lengths == synthetic_lengths()  # fixed shuffled order
 
 
@@ -47,7 +49,7 @@ def test_generation_flops_match_the_counted_matmuls():
 def test_speed_table_runs_every_available_backend(tmp_path, capsys):
     out_json = tmp_path / "table.json"
     rc = main(["bench", "speed-table", *TINY, "--sentences", "5", "--beams", "1,2", "--decoders", "plain,folded",
-               "--json", str(out_json)])
+               "--repeats", "1", "--json", str(out_json)])
     out = capsys.readouterr().out
     assert rc == 0
     result = json.loads(out_json.read_text())
@@ -61,16 +63,104 @@ def test_speed_table_runs_every_available_backend(tmp_path, capsys):
         assert r["sentences"] == 5 and r["dtype"] == "fp32"
         assert r["target_tokens"] == sum(round(1.1 * L) + 1 for L in lengths)  # forced length, EOS included
         assert r["seconds"] > 0 and r["tokens_per_s"] == pytest.approx(r["target_tokens"] / r["seconds"])
-        assert 0 < r["fraction_of_gemm_peak"] < 2
-    assert result["machine"]["gemm_gflops_fp32"] > 0
+        assert 0 < r["fraction_of_gemm_peak"] < 1
+        assert r["method"] == "measured" and r["model_uncertainty_s"] is None
+        assert sum(r["dispatches"]["conv_step" if r["backend"] == "reference" or r["decoder"] == "plain"
+                                   else "decoder_layers_step"].values()) > 0
+    assert result["machine"]["gemm_gflops_fp32"] > 0 and result["machine"]["isa"] is not None
     assert "| ConvS2S CPU 48 cores b=5 | 34.10 | 482 |" in out  # the paper's rows beside ours
-    assert "first 5 of a fixed shuffled order" in out and "speedup vs reference" in out
+    assert "first 5 of a fixed shuffled order" in out and "| vs reference | vs fp32 reference |" in out
+    assert "not an estimate of the full set" in out
+
+
+def test_default_estimates_the_full_set_from_a_sample(tmp_path, capsys):
+    """The main job's default: the reference baseline and the fastest configuration, the full set's
+    time estimated from a timed sample of its own batches, repeated, with the spread and the model
+    uncertainty, the machine's instruction sets in the header, JSON and plot written."""
+    out_json, plot = tmp_path / "t.json", tmp_path / "t.png"
+    rc = main(["bench", "speed-table", *TINY, "--repeats", "2", "--json", str(out_json), "--plot", str(plot)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    result = json.loads(out_json.read_text())
+    assert "partial" not in result and result["setup"]["mode"] == "estimate" and result["setup"]["batches"] == 119
+    configs = {(r["backend"], r["decoder"], r["dtype"]) for r in result["rows"]}
+    assert ("reference", "plain", "fp32") in configs and len(configs) in (1, 2)
+    for r in result["rows"]:
+        assert r["method"] == "estimate" and r["sentences"] == 6003 and r["repeats"] == 2
+        assert len(r["seconds_per_repeat"]) == 2 and r["seconds_min"] <= r["seconds"] <= r["seconds_max"]
+        assert r["model_uncertainty_s"] >= 0
+        sample = r["per_repeat"][0]["sample"]
+        assert {s["sentences"] for s in sample} >= {1, 128}
+        assert all(len(s["step_s"]) <= 4 and s["modelled_s"] > 0 for s in sample)
+    assert f"estimated from {result['setup']['sample_batches']} of them" in out and "Machine:" in out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rows_are_labelled_by_what_ran(tmp_path):
+    """cpp takes at most 8 rows in ``linear``: at beam 5 with two sentences its projections fall
+    back to the reference, and the row says so (cpp*), with the calls counted per op."""
+    import convs2s_kernels as ck
+
+    if ck.available_backends()["cpp"] is not None:
+        pytest.fail(f"the cpp backend is required here: {ck.available_backends()['cpp']}")
+    src = tmp_path / "src.txt"
+    src.write_text("two equal length\nsentences of three\n")
+    result = run(arch="fconv_iwslt_de_en", vocab=64, source=str(src), mode="full", beams=[5, 1],
+                 backends=["reference", "cpp"], decoders=["plain"], repeats=1, log=lambda m: None)
+    rows = {(r["backend"], r["beam"]): r for r in result["rows"]}
+    ref, cpp5, cpp1 = rows[("reference", 5)], rows[("cpp", 5)], rows[("cpp", 1)]
+    assert ref["label"] == "reference" and ref["fell_back"] == {}
+    assert set(ref["dispatches"]["linear"]) == {"reference"}
+    assert cpp5["label"] == "cpp*" and cpp5["fell_back"]["linear"]["reference"] > 0  # 10 rows > 8
+    assert cpp5["dispatches"]["conv_step"] == {"cpp": cpp5["dispatches"]["conv_step"]["cpp"]}
+    assert cpp1["label"] == "cpp" and set(cpp1["dispatches"]["linear"]) == {"cpp"}  # 2 rows
+    from convs2s.speed_table import format_table
+
+    table = format_table(result)
+    assert "| cpp* | plain | fp32 | 5 |" in table and "| cpp | plain | fp32 | 1 |" in table
+    assert "\\* cpp plain fp32 beam 5: some calls ran on another backend" in table and "linear: " in table
+
+
+def test_full_runs_record_each_batch_and_save_progress(tmp_path):
+    src = tmp_path / "src.txt"
+    src.write_text("a b c\nd e f\ng h\ni j k l\n")
+    partial = []
+    result = run(arch="fconv_iwslt_de_en", vocab=64, source=str(src), mode="full", beams=[1, 2],
+                 backends=["reference"], repeats=2, on_update=partial.append, log=lambda m: None)
+    assert [len(p["rows"]) for p in partial] == [1, 2, 2, 2] and all(p["partial"] for p in partial)
+    for r in result["rows"]:
+        per_batch = [rep["batch_seconds"] for rep in r["per_repeat"]]
+        assert len(per_batch) == 2 and all(len(b) == 3 for b in per_batch)  # lengths 2, 3, 4
+        assert r["seconds_per_repeat"] == pytest.approx([sum(b) for b in per_batch])
+
+
+def test_estimate_refuses_free_running_outputs(fixture_dir):
+    from convs2s.speed_table import SpeedTableError
+
+    with pytest.raises(SpeedTableError, match="the estimate needs forced output lengths"):
+        run(checkpoint=str(fixture_dir / "checkpoint.pt"), mode="estimate", log=lambda m: None)
+    with pytest.raises(SpeedTableError, match="repeats must be at least 1"):
+        run(arch="fconv_iwslt_de_en", vocab=64, repeats=0, log=lambda m: None)
+
+
+def test_decoder_step_bytes_count_the_stored_dtype():
+    torch.manual_seed(0)
+    model = convs2s.build_model("fconv_iwslt_de_en", 64, 80).fold_weight_norm().eval()
+    fp32 = decoder_step_bytes(model)
+    weights = sum(p.numel() for n, p in model.decoder.named_parameters() if p.dim() >= 2 and "embed_" not in n)
+    assert fp32 == 4 * weights
+    model.quantize_decoder_int8(True)
+    int8 = decoder_step_bytes(model)
+    assert 0.25 * fp32 < int8 < 0.3 * fp32  # int8 plus a float32 scale per row
+    model.quantize_decoder_int8(False)
+    fc3 = model.decoder.fc3.weight.numel()
+    assert decoder_step_bytes(model, vocab_rows=8) == fp32 - 4 * fc3 + 4 * fc3 * 8 // 80
 
 
 def test_speed_table_reads_a_source_file_and_bf16(tmp_path, capsys):
     src = tmp_path / "src.txt"
     src.write_text("a tokenised sentence .\nanother one here , longer than the first one .\nshort\n")
-    rc = main(["bench", "speed-table", *TINY, "--source", str(src), "--full", "--beams", "1",
+    rc = main(["bench", "speed-table", *TINY, "--source", str(src), "--full", "--beams", "1", "--repeats", "1",
                "--backends", "reference", "--dtype", "bf16,fp32", "--json", str(tmp_path / "t.json")])
     assert rc == 0, capsys.readouterr().err
     rows = json.loads((tmp_path / "t.json").read_text())["rows"]
@@ -84,6 +174,7 @@ def test_speed_table_with_a_checkpoint_reports_bleu(fixture_dir, tmp_path, capsy
     src.write_text("\n".join(lines) + "\n")
     rc = main(["bench", "speed-table", "--checkpoint", str(fixture_dir / "checkpoint.pt"), "--source", str(src),
                "--reference", str(src), "--full", "--beams", "1", "--backends", "reference", "--threads", "1",
+               "--repeats", "1",
                "--json", str(tmp_path / "t.json")])
     assert rc == 0, capsys.readouterr().err
     row = json.loads((tmp_path / "t.json").read_text())["rows"][0]
@@ -122,9 +213,31 @@ def test_bench_compare_pivots_machines_and_backends(tmp_path, capsys):
     b = _bench_file(tmp_path / "b.json", "CPU B", {("step N5", "reference"): 0.003, ("step N5", "cpp"): 0.002})
     assert main(["bench", "compare", a, b]) == 0
     out = capsys.readouterr().out
-    assert "| step N5 | CPU A (2 thr) | 4.000 | 1.000 | 4.00x |" in out
-    assert "| step N5 | CPU B (2 thr) | 3.000 | 2.000 | 1.50x |" in out
+    assert "| step N5 | CPU A (2 thr) | reference | 4.000 | 1.000 | 4.00x |" in out
+    assert "| step N5 | CPU B (2 thr) | reference | 3.000 | 2.000 | 1.50x |" in out
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert main(["bench", "compare", str(bad)]) == 2
     assert "not a pytest-benchmark JSON file" in capsys.readouterr().err
+
+
+def test_bench_compare_holds_int8_against_the_fp32_weights(tmp_path, capsys):
+    """int8 speedups are over the float32 product they replace, not over the int8 reference
+    (which dequantises on every call)."""
+    a = _bench_file(tmp_path / "a.json", "CPU A", {("linear_int8 M1", "fp32-weights"): 0.004,
+                                                  ("linear_int8 M1", "reference"): 0.040,
+                                                  ("linear_int8 M1", "cpp"): 0.001})
+    assert main(["bench", "compare", a]) == 0
+    out = capsys.readouterr().out
+    assert "| linear_int8 M1 | CPU A (2 thr) | fp32-weights | 4.000 | 40.000 | 1.000 | 4.00x |" in out
+
+
+def test_fractions_of_peak_above_one_are_a_bug():
+    from convs2s_kernels.roofline import RooflineError, fractions_of_peak
+
+    ok = fractions_of_peak(gflops_per_s=50.0, gb_per_s=10.0, gemm_gflops=100.0, copy_gbps=20.0)
+    assert ok == {"fraction_of_gemm_peak": 0.5, "fraction_of_copy_bandwidth": 0.5}
+    with pytest.raises(RooflineError, match="fraction_of_copy_bandwidth = 1.47 > 1"):
+        fractions_of_peak(gflops_per_s=50.0, gb_per_s=29.4, gemm_gflops=100.0, copy_gbps=20.0)
+    with pytest.raises(RooflineError, match="fraction_of_gemm_peak"):
+        fractions_of_peak(gflops_per_s=101.0, gb_per_s=1.0, gemm_gflops=100.0)
