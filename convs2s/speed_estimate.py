@@ -14,13 +14,15 @@ recording each part with a step hook; then
 
 * a steady step's cost is interpolated piecewise-linearly in the batch's rows (sentences) between
   the sampled batches, and the once-per-batch cost (prepare, plus what the first and last steps
-  cost beyond a steady one) piecewise-linearly in its source tokens (sentences x length);
+  cost beyond a steady one) piecewise-linearly in its source tokens (sentences x length),
+  extended along its last segment beyond the largest sample (the encoder is linear in tokens);
 * every batch of the full set is priced by that model and the prices are summed.
 
-The sample covers the batch sizes geometrically (1, 2, 4, ... 128, plus 96 where most work is,
-and the longest batch), so every batch lies between two measured ones. The uncertainty has two
-parts: the spread of the estimate over the repeats, and the model's: the largest change of the
-total when one interior sample batch is left out (leave-one-out).
+The sample covers the batch sizes geometrically (1, 2, 4, ... 128) and includes the longest
+batch, so every batch's size lies between two measured ones. The uncertainty has two parts: the
+spread of the estimate over the repeats, and the model's: the largest change of the total when
+one interior sample batch is left out (leave-one-out). Validated against full runs in
+bench/results/ (bench/validate_estimate.py).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from .generate import length_batches
 # Steps 0 .. TRUNCATED_LENGTH - 1 emit tokens and step TRUNCATED_LENGTH emits EOS: steps 1 and 2
 # are the steady ones measured.
 TRUNCATED_LENGTH = 3
-SIZE_ANCHORS = (1, 2, 4, 8, 16, 32, 64, 96, 128)
+SIZE_ANCHORS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -67,16 +69,14 @@ def full_set_batches(src_lengths: Sequence[int], forced: Sequence[int], batch_si
 
 def sample_batches(batches: Sequence[Batch], anchors: Sequence[int] = SIZE_ANCHORS) -> List[int]:
     """Indices of the batches to time: for each size anchor the batch of the nearest size (the
-    median-length one among equals), the longest-source batch, and the longest batch of the
-    largest size, so the model is anchored at both ends of sizes and of source lengths."""
+    median-length one among equals), and the longest-source batch, so the model is anchored at
+    both ends of the sizes and of the lengths."""
     chosen = []
     for a in anchors:
         best = min(abs(b.size - a) for b in batches)
         near = sorted((i for i, b in enumerate(batches) if abs(b.size - a) == best), key=lambda i: batches[i].src_len)
         chosen.append(near[len(near) // 2])
     chosen.append(max(range(len(batches)), key=lambda i: (batches[i].src_len, batches[i].size)))
-    largest = max(b.size for b in batches)
-    chosen.append(max((i for i, b in enumerate(batches) if b.size == largest), key=lambda i: batches[i].src_len))
     return sorted(set(chosen), key=lambda i: (batches[i].size, batches[i].src_len))
 
 
@@ -111,8 +111,9 @@ class BatchTiming:
         return self.once + self.steady * self.batch.steps
 
 
-def _interp(points: Sequence[Tuple[float, float]], x: float) -> float:
-    """Piecewise-linear through ``points`` (sorted by x, duplicates averaged); flat outside."""
+def _interp(points: Sequence[Tuple[float, float]], x: float, extend: bool = False) -> float:
+    """Piecewise-linear through ``points`` (sorted by x, duplicates averaged); flat below the
+    first point, and above the last flat or (``extend``) along the last segment."""
     xs: Dict[float, List[float]] = {}
     for px, py in points:
         xs.setdefault(px, []).append(py)
@@ -120,8 +121,8 @@ def _interp(points: Sequence[Tuple[float, float]], x: float) -> float:
     if x <= pts[0][0]:
         return pts[0][1]
     for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        if x <= x1 or (extend and (x1, y1) == pts[-1]):
+            return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
     return pts[-1][1]
 
 
@@ -129,7 +130,7 @@ def price(batches: Sequence[Batch], timings: Sequence[BatchTiming]) -> List[floa
     """Each batch's modelled seconds (see the module docstring)."""
     steady = [(t.batch.size, t.steady) for t in timings]
     once = [(t.batch.source_tokens, t.once) for t in timings]
-    return [_interp(once, b.source_tokens) + _interp(steady, b.size) * b.steps for b in batches]
+    return [_interp(once, b.source_tokens, extend=True) + _interp(steady, b.size) * b.steps for b in batches]
 
 
 @dataclass

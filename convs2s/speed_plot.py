@@ -12,6 +12,7 @@ def plot_table(result: dict, path: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter, NullFormatter
     except ImportError as exc:
         raise ValueError(f"--plot needs matplotlib ({exc}); pip install matplotlib") from None
     from .atomic import atomic_write_bytes
@@ -24,14 +25,17 @@ def plot_table(result: dict, path: str) -> None:
         paper = [p for p in PAPER_ROWS if p[3] in (beam, None)] if setup.get("newstest") else []
         labels = [f"{r['label']} {r['decoder']} {r['dtype']}" for r in ours] + [p[0] for p in paper]
         secs = [r["seconds"] for r in ours] + [p[2] for p in paper]
-        err = [[r["seconds"] - r["seconds_min"] for r in ours] + [0] * len(paper),
-               [r["seconds_max"] - r["seconds"] for r in ours] + [0] * len(paper)]
         colors = ["tab:blue"] * len(ours) + ["tab:gray"] * len(paper)
         y = range(len(labels))
-        ax.barh(y, secs, xerr=err, color=colors, capsize=3)
+        ax.barh(y, secs, color=colors)
+        ax.errorbar([r["seconds"] for r in ours], range(len(ours)), fmt="none", ecolor="black", capsize=3,
+                    xerr=[[r["seconds"] - r["seconds_min"] for r in ours], [r["seconds_max"] - r["seconds"] for r in ours]])
         ax.set_yticks(list(y), labels, fontsize=8)
         ax.invert_yaxis()
         ax.set_xscale("log")
+        ax.set_xlim(min(secs) / 2, max(secs) * 2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"seconds for {setup['sentences']:,} sentences"
                       + (" (estimated)" if setup["mode"] == "estimate" else ""))
         ax.set_title(f"beam {beam}")

@@ -172,8 +172,9 @@ def _time_all(model, work: Workload, batches, beam, config, progress):
 
 
 def _warm_up(models: Models, work: Workload, batches, configs, beams) -> None:
-    """Every (configuration, beam) once on the largest and the smallest batch, cut short: first
-    calls allocate, pack weights and pick kernels, and none of that belongs in a timing."""
+    """Every (configuration, beam) once on the largest and the smallest of the batches to be
+    timed, cut short: first calls allocate, pack weights and pick kernels, and none of that
+    belongs in a timing."""
     ends = [max(range(len(batches)), key=lambda i: (batches[i].size, batches[i].src_len)),
             min(range(len(batches)), key=lambda i: (batches[i].size, batches[i].src_len))]
     for config in configs:
@@ -204,7 +205,7 @@ def measure(models: Models, work: Workload, plan: Plan, progress: bool = False,
     batches = full_set_batches([len(s) for s in work.sources],
                                work.forced or [0] * len(work.sources), work.batch_size)
     sample = sample_batches(batches) if plan.mode == "estimate" else None
-    _warm_up(models, work, batches, plan.configs, plan.beams)
+    _warm_up(models, work, batches if sample is None else [batches[i] for i in sample], plan.configs, plan.beams)
     records = {(c, b): dict(config=c, beam=b, seconds=[], per_repeat=[], dispatches=Counter(), outputs=None)
                for c in plan.configs for b in plan.beams}
     for rep in range(plan.repeats):
