@@ -57,8 +57,8 @@ def count_dispatches() -> Iterator[Counter]:
     _counters.append(counts)
     try:
         yield counts
-    finally:
-        _counters.remove(counts)
+    finally:  # by identity: Counters compare by content, and nested blocks may hold equal ones
+        del _counters[next(i for i, c in enumerate(_counters) if c is counts)]
 
 
 def note_dispatch(op: str, backend: str) -> None:
