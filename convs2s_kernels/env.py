@@ -16,16 +16,21 @@ _ONEDNN_ISA_ORDER = ["SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512
 CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
 
 
-def cpu_flags() -> List[str]:
-    """The instruction-set flags this CPU reports (``/proc/cpuinfo``), empty where unreadable."""
+def _cpuinfo(field: str) -> Optional[str]:
+    """The first ``field`` line of ``/proc/cpuinfo``, None where there is none."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return line.split(":", 1)[1].split()
+                if line.startswith(field):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return []
+    return None
+
+
+def cpu_flags() -> List[str]:
+    """The instruction-set flags this CPU reports (``/proc/cpuinfo``), empty where unreadable."""
+    return (_cpuinfo("flags") or "").split()
 
 
 def isa_caps() -> Dict[str, str]:
@@ -123,14 +128,7 @@ def active_allocator() -> str:
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def report() -> str:
