@@ -60,9 +60,10 @@ def by_size(est_row, full_row) -> str:
     """Modelled against measured seconds per batch-size group: the full run's batches are the
     estimate's, so its per-batch times price the same list."""
     from convs2s.speed_estimate import Batch, BatchTiming, price
+    from convs2s.speed_workload import forced_lengths
 
     rep = full_row["per_repeat"][0]
-    batches = [Batch(tuple(range(n)), s, round(1.1 * s)) for n, s in rep["batches"]]
+    batches = [Batch(tuple(range(n)), s, forced_lengths([[0] * s])[0]) for n, s in rep["batches"]]
     est_secs = est_row["seconds_per_repeat"]
     median_rep = sorted(range(len(est_secs)), key=est_secs.__getitem__)[len(est_secs) // 2]  # the median repeat
     timings = [BatchTiming(Batch(tuple(range(t["sentences"])), t["src_len"], t["steps"] - 1), t["prepare_s"],

@@ -29,7 +29,7 @@ import torch
 from convs2s_kernels.roofline import fractions_of_peak
 
 from .atomic import atomic_write_text
-from .speed_estimate import (BatchTiming, TRUNCATED_LENGTH, estimate, full_set_batches, sample_batches,
+from .speed_estimate import (Batch, BatchTiming, TRUNCATED_LENGTH, estimate, full_set_batches, sample_batches,
                              summarise)
 from .speed_workload import (DECODERS, DTYPES, LENGTH_NOTE, NEWSTEST_LENGTHS, PAPER_ROWS, PAPER_SENTENCES,  # noqa: F401
                              PEAK_OF, REFERENCE, SUBSET_SEED, Config, fastest_config, forced_lengths, hashed_ids,
@@ -90,19 +90,29 @@ class Workload:
     forced: Optional[List[int]]       # forced output lengths (random weights), None with a checkpoint
     batch_size: int
 
+    def __post_init__(self):
+        # the batches the full run makes (generate's own batching), once
+        self.batches: List[Batch] = full_set_batches([len(s) for s in self.sources],
+                                                     self.forced or [0] * len(self.sources), self.batch_size)
+
+    def inputs(self, batch: Batch):
+        """``(sources, forced lengths or None)`` of one batch."""
+        forced = None if self.forced is None else [self.forced[i] for i in batch.indices]
+        return [self.sources[i] for i in batch.indices], forced
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def time_batch(model, sources, forced, beam: int, config: Config, *, cut: Optional[int] = None):
-    """Run one batch (equal-length sources), timing its preparation and each step; ``cut`` forces
-    at most that many output tokens (the estimate's short runs), with the real shapes otherwise.
+def time_batch(model, work: Workload, batch: Batch, beam: int, config: Config, *, cut: Optional[int] = None):
+    """Run one batch, timing its preparation and each step; ``cut`` forces at most that many
+    output tokens (the estimate's short runs), with the real shapes otherwise.
     Returns ``(BatchTiming, hypotheses)``."""
     from .generate import generate
-    from .speed_estimate import Batch
 
+    sources, forced = work.inputs(batch)
     device = next(model.parameters()).device
     marks: List[float] = []
     hook = (lambda step: (_sync(device), marks.append(time.perf_counter())))
@@ -115,7 +125,6 @@ def time_batch(model, sources, forced, beam: int, config: Config, *, cut: Option
     _sync(device)
     marks[-1] = time.perf_counter()  # the last step owns the bookkeeping after it: parts sum to the call
     times = [t0] + marks
-    batch = Batch(tuple(range(len(sources))), len(sources[0]), forced[0] if forced else len(marks) - 2)
     return BatchTiming(batch, times[1] - times[0], [b - a for a, b in zip(times[1:], times[2:])]), hyps
 
 
@@ -137,30 +146,24 @@ class Models:
 
 
 # --- one configuration at one beam, one repeat ---------------------------------------------------------
-def _time_estimate(model, work: Workload, batches, sample, beam, config):
-    timings = []
-    for j in sample:
-        b = batches[j]
-        timing, _ = time_batch(model, [work.sources[i] for i in b.indices], [work.forced[i] for i in b.indices],
-                               beam, config, cut=TRUNCATED_LENGTH)
-        timings.append(BatchTiming(b, timing.prepare, timing.steps))
-    est = estimate(batches, timings)
+def _time_estimate(model, work: Workload, sample, beam, config):
+    timings = [time_batch(model, work, work.batches[j], beam, config, cut=TRUNCATED_LENGTH)[0] for j in sample]
+    est = estimate(work.batches, timings)
     return est.seconds, dict(model_uncertainty_s=est.model_uncertainty,
                              sample=[dict(sentences=t.batch.size, src_len=t.batch.src_len, steps=t.batch.steps,
                                           prepare_s=t.prepare, step_s=t.steps, modelled_s=t.full_seconds())
                                      for t in timings]), None
 
 
-def _time_all(model, work: Workload, batches, beam, config, progress):
+def _time_all(model, work: Workload, beam, config, progress):
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(work.sources), unit="sent", desc=f"{config.name} beam {beam}", leave=False)
     per_batch, outputs = [], [None] * len(work.sources)
-    for b in batches:
-        forced = None if work.forced is None else [work.forced[i] for i in b.indices]
-        t, hyps = time_batch(model, [work.sources[i] for i in b.indices], forced, beam, config)
+    for b in work.batches:
+        t, hyps = time_batch(model, work, b, beam, config)
         per_batch.append(t.prepare + sum(t.steps))
         for i, h in zip(b.indices, hyps):
             outputs[i] = h[0]["tokens"]
@@ -168,7 +171,7 @@ def _time_all(model, work: Workload, batches, beam, config, progress):
             bar.update(b.size)
     if bar is not None:
         bar.close()
-    return sum(per_batch), dict(batch_seconds=per_batch, batches=[[b.size, b.src_len] for b in batches]), outputs
+    return sum(per_batch), dict(batch_seconds=per_batch, batches=[[b.size, b.src_len] for b in work.batches]), outputs
 
 
 def _warm_up(models: Models, work: Workload, batches, configs, beams) -> None:
@@ -181,9 +184,7 @@ def _warm_up(models: Models, work: Workload, batches, configs, beams) -> None:
         model = models.get(config)
         for beam in beams:
             for j in ends:
-                b = batches[j]
-                forced = None if work.forced is None else [work.forced[i] for i in b.indices]
-                time_batch(model, [work.sources[i] for i in b.indices], forced, beam, config, cut=1 if forced else None)
+                time_batch(model, work, batches[j], beam, config, cut=1)
 
 
 # --- the whole table ------------------------------------------------------------------------------------
@@ -193,6 +194,7 @@ class Plan:
     configs: List[Config]
     beams: List[int]
     repeats: int
+    sample: Optional[List[int]] = None  # estimate: indices of the timed batches in the workload's
 
 
 def measure(models: Models, work: Workload, plan: Plan, progress: bool = False,
@@ -202,10 +204,9 @@ def measure(models: Models, work: Workload, plan: Plan, progress: bool = False,
     the method's details and the dispatch counts of the timed calls."""
     import convs2s_kernels as ck
 
-    batches = full_set_batches([len(s) for s in work.sources],
-                               work.forced or [0] * len(work.sources), work.batch_size)
-    sample = sample_batches(batches) if plan.mode == "estimate" else None
-    _warm_up(models, work, batches if sample is None else [batches[i] for i in sample], plan.configs, plan.beams)
+    sample = plan.sample
+    _warm_up(models, work, work.batches if sample is None else [work.batches[i] for i in sample], plan.configs,
+             plan.beams)
     records = {(c, b): dict(config=c, beam=b, seconds=[], per_repeat=[], dispatches=Counter(), outputs=None)
                for c in plan.configs for b in plan.beams}
     for rep in range(plan.repeats):
@@ -215,9 +216,9 @@ def measure(models: Models, work: Workload, plan: Plan, progress: bool = False,
                 rec = records[(config, beam)]
                 with ck.count_dispatches() as counts:
                     if plan.mode == "estimate":
-                        secs, details, outputs = _time_estimate(model, work, batches, sample, beam, config)
+                        secs, details, outputs = _time_estimate(model, work, sample, beam, config)
                     else:
-                        secs, details, outputs = _time_all(model, work, batches, beam, config, progress)
+                        secs, details, outputs = _time_all(model, work, beam, config, progress)
                 rec["seconds"].append(secs)
                 rec["per_repeat"].append(details)
                 rec["outputs"] = outputs
@@ -256,11 +257,10 @@ def choose_configs(device: torch.device, backends: Optional[Sequence[str]], dtyp
         bad = [d for d in given or () if d not in known]
         if bad:
             raise SpeedTableError(f"unknown {name} {bad[0]!r}; choose from {', '.join(known)}")
+    fastest = fastest_config(device, ck.available_backends())
     if not (backends or dtypes or decoders):
-        fastest = fastest_config(device, ck.available_backends())
         return [REFERENCE] if fastest == REFERENCE else [REFERENCE, fastest]
-    backends = check_backends(backends or ["reference", fastest_config(device, ck.available_backends()).backend],
-                              device)
+    backends = check_backends(backends or ["reference", fastest.backend], device)
     backends = sorted(dict.fromkeys(backends), key=lambda b: b != "reference")  # the baseline first
     dtypes = sorted(dict.fromkeys(dtypes or ["fp32"]), key=lambda d: d != "fp32")
     return [Config(b, d, t) for t in dtypes for b in backends for d in (decoders or ["plain"])]
@@ -348,16 +348,16 @@ def run(*, arch: str = "fconv_wmt_en_fr", checkpoint: Optional[str] = None, dict
     from convs2s_kernels.roofline import measure_peaks
 
     machine = dict(machine_description(dev), **measure_peaks(dev, sorted({DTYPES[c.dtype] for c in configs}, key=str)))
-    batches = full_set_batches([len(s) for s in work.sources], work.forced or [0] * len(work.sources), batch_size)
+    sample = sample_batches(work.batches) if mode == "estimate" else None
     setup = dict(arch=arch_name, checkpoint=checkpoint, parameters=model.num_parameters(),
                  source=source or LENGTH_NOTE, newstest=source is None, mode=mode, sentences=len(work.sources),
-                 of_sentences=n_total, batches=len(batches), batch_size=batch_size, repeats=repeats,
-                 sample_batches=len(sample_batches(batches)) if mode == "estimate" else None,
+                 of_sentences=n_total, batches=len(work.batches), batch_size=batch_size, repeats=repeats,
+                 sample_batches=None if sample is None else len(sample),
                  subset=None if sentences is None else f"first {len(work.sources)} of a fixed shuffled order "
                                                        f"(seed {SUBSET_SEED})",
                  forced_length=None if checkpoint else "round(1.1 x source length)",
                  vocab=None if checkpoint else vocab, seed=seed)
-    plan = Plan(mode, configs, list(beams), repeats)
+    plan = Plan(mode, configs, list(beams), repeats, sample)
     models = Models(model, dev)
 
     def result_of(records) -> dict:

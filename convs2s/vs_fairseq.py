@@ -22,8 +22,9 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from .speed_workload import TARGET_RATIO, forced_lengths
+
 SYSTEMS = ("fairseq", "fairseq-cached", "convs2s")
-TARGET_RATIO = 1.1  # forced output words per source word, as the speed table
 
 
 class VsFairseqError(ValueError):
@@ -45,7 +46,7 @@ def plan_batches(sentences: Sequence[Sequence[int]], batch_size: int):
     from .generate import length_batches
 
     batches = length_batches([len(s) for s in sentences], batch_size)
-    return batches, [max(1, round(TARGET_RATIO * len(sentences[b[0]]))) for b in batches]
+    return batches, forced_lengths([sentences[b[0]] for b in batches])  # the speed table's rule
 
 
 def run_fairseq(python: str, checkpoint: str, sentences, batches, forced, beam: int, threads: int,
