@@ -1,12 +1,11 @@
 """Shared benchmark plumbing: machine info, measured peaks, availability checks."""
 
 import os
-import platform
 
 import pytest
 import torch
 
-from bench_utils import DTYPES, SMOKE
+from convs2s_bench.harness import DTYPES, SMOKE
 
 # The CI smoke run (tiny shapes, no timing) runs the Triton cases in the interpreter when there is
 # no GPU, so they are at least executed; this must happen before convs2s_kernels is imported.
@@ -14,30 +13,34 @@ if SMOKE and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import convs2s_kernels as ck  # noqa: E402
-from convs2s_kernels.env import cpu_model  # noqa: E402
-from convs2s_kernels.roofline import measure_peaks  # noqa: E402
+from convs2s_kernels.env import machine_description  # noqa: E402
+
+from convs2s_bench.roofline import measure_peaks  # noqa: E402
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
+    """The one machine description (as the speed table and vs-fairseq record it) under ``machine``,
+    its fields under the names bench compare and earlier results read, and the software versions."""
     import convs2s
 
-    machine_info["cpu_model"] = cpu_model()
-    machine_info["torch_threads"] = torch.get_num_threads()
-    machine_info["torch"] = torch.__version__
+    machine = machine_description("cuda" if torch.cuda.is_available() else "cpu")
+    machine_info["machine"] = machine
+    machine_info["cpu_model"] = machine["cpu"]
+    machine_info["torch_threads"] = machine["threads"]
+    machine_info["torch"] = machine["torch"]
+    machine_info["python"] = machine["python"]
     machine_info["convs2s"] = convs2s.__version__
     machine_info["convs2s_kernels"] = ck.__version__
     machine_info["backends"] = {k: v or "available" for k, v in ck.available_backends().items()}
-    machine_info["python"] = platform.python_version()
     try:
         import triton
 
         machine_info["triton"] = triton.__version__
     except ImportError:
         machine_info["triton"] = None
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        machine_info["gpu_name"] = p.name
-        machine_info["gpu_cc"] = f"{p.major}.{p.minor}"
+    if "gpu" in machine:
+        machine_info["gpu_name"] = machine["gpu"]
+        machine_info["gpu_cc"] = machine["compute_capability"]
         machine_info["cuda"] = torch.version.cuda
         try:
             machine_info["gpu_driver"] = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") \
@@ -61,7 +64,7 @@ def peaks(request, device):
 @pytest.fixture
 def runnable():
     def check(backend, op, *args, **kwargs):
-        why = ck.dispatch.reasons(backend, op, args[0].device, *args, **kwargs)
+        why = ck.backend_reasons(backend, op, args[0].device, *args, **kwargs)
         if why:
             pytest.skip(f"{backend} cannot run {op} here: {'; '.join(why)}")
 

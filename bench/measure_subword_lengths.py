@@ -19,13 +19,13 @@ We have no WMT corpus here, so this script approximates that BPE:
 It writes the subword-length histogram and ratios (subwords/word, Moses tokens/word), plus the
 French/English length ratio on the parallel Multi30k test_2016_flickr set, measured the same way
 (the output length the speed table forces is a multiple of the source length). It also checks the
-whitespace-word histogram against the project's ``NEWSTEST_LENGTHS`` (``convs2s/``).
+whitespace-word histogram against the project's ``NEWSTEST_LENGTHS`` (``bench/convs2s_bench/``).
 
     pip install wordfreq subword-nmt sacremoses     # measurement-only tools, not package dependencies
     python3 bench/measure_subword_lengths.py        # about two minutes, one CPU core
 
 Its result is committed as bench/results/newstest-subword-lengths.json and embedded in
-``convs2s/speed_workload.py`` (a test checks they agree).
+``bench/convs2s_bench/workload.py`` (a test checks they agree).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 
 REPO = Path(__file__).resolve().parent.parent
+BENCH_PACKAGE = REPO / "bench" / "convs2s_bench"  # where the speed table's workload is defined
 DATA = Path(os.environ.get("CONVS2S_SHARED", REPO.parent / "shared")) / "data"  # read in place, never copied
 # wordfreq splits French elisions and drops the apostrophe ("l'homme" -> "l", "homme"); Moses
 # keeps it on the first token ("l'", "homme"), so give these forms their apostrophe back.
@@ -104,13 +105,13 @@ def read_lines(path: Path) -> list:
 
 
 def speed_table_lengths() -> dict:
-    """The project's NEWSTEST_LENGTHS (whichever convs2s module defines it), read without torch."""
-    for path in sorted((REPO / "convs2s").glob("*.py")):
+    """The project's NEWSTEST_LENGTHS (whichever convs2s_bench module defines it), read without torch."""
+    for path in sorted(BENCH_PACKAGE.glob("*.py")):
         for node in ast.parse(path.read_text(encoding="utf-8")).body:
             targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
             if any(getattr(t, "id", "") == "NEWSTEST_LENGTHS" for t in targets):
                 return ast.literal_eval(node.value)
-    raise LookupError("NEWSTEST_LENGTHS not found under convs2s/")
+    raise LookupError(f"NEWSTEST_LENGTHS not found under {BENCH_PACKAGE}")
 
 
 class Segmenter:
@@ -127,7 +128,7 @@ class Segmenter:
         return len(line.split()), len(toks), len(self.bpe.segment_tokens(toks))
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--newstest", nargs="+", type=Path,
                    default=[DATA / "newstest/newstest2012.en", DATA / "newstest/newstest2013.en"])
@@ -143,38 +144,59 @@ def main() -> None:
                    help="tokenize without Moses -a (the recipe splits hyphens: a-b -> a @-@ b)")
     p.add_argument("--codes", type=Path, help="reuse these BPE codes if present, else save them here")
     p.add_argument("--output", type=Path, default=REPO / "bench/results/newstest-subword-lengths.json")
-    args = p.parse_args()
-    t0 = time.time()
+    return p.parse_args(argv)
 
+
+def make_segmenter(args) -> Segmenter:
+    """The BPE of ``--codes`` where that file exists, else learned now (and saved to ``--codes``)."""
     if args.codes and args.codes.exists():
         codes = io.StringIO(args.codes.read_text(encoding="utf-8"))
     else:
         codes = learn_codes(args)
         if args.codes:
             args.codes.write_text(codes.getvalue(), encoding="utf-8")
-    seg = Segmenter(BPE(codes, glossaries=[re.escape(DASH)]), args.aggressive)
-    t_learn = time.time() - t0
+    return Segmenter(BPE(codes, glossaries=[re.escape(DASH)]), args.aggressive)
 
+
+def measure_newstest(seg: Segmenter, args) -> dict:
+    """Per sentence: whitespace words, Moses tokens, subwords and subwords with digits as 0s; and
+    where the word histogram differs from the speed table's."""
     lines = [line for path in args.newstest for line in read_lines(path)]
     pretok = not args.newstest_raw
     rows = [seg(line, "en", pretok) for line in lines]
     words, moses, subs = (list(col) for col in zip(*rows))
     smashed = [seg(line, "en", pretok, smash_digits=True)[2] for line in lines]
-
     hist_words = Counter(words)
     expected = speed_table_lengths()
     mismatch = {L: [hist_words.get(L, 0), expected.get(L, 0)]
                 for L in sorted(set(hist_words) | set(expected)) if hist_words.get(L, 0) != expected.get(L, 0)}
+    return dict(words=words, moses=moses, subs=subs, smashed=smashed, mismatch=mismatch, pretokenized=pretok)
 
+
+def measure_parallel(seg: Segmenter, args) -> dict:
+    """Totals per language on the parallel set, and French over English per unit."""
     par = {}
     for lang, path in (("en", args.parallel_en), ("fr", args.parallel_fr)):
         par[lang] = [sum(col) for col in zip(*(seg(line, lang) for line in read_lines(path)))]
     fr_en = {kind: par["fr"][i] / par["en"][i] for i, kind in enumerate(("words", "moses_tokens", "subwords"))}
+    return {"en": str(args.parallel_en), "fr": str(args.parallel_fr), "sentences": len(read_lines(args.parallel_en)),
+            "totals": {lang: dict(zip(("words", "moses_tokens", "subwords"), v)) for lang, v in par.items()},
+            "fr_per_en": fr_en}
 
-    n = len(lines)
-    result = {
-        "what": "newstest2012+2013 English source lengths in approximate fairseq WMT'14 En-Fr BPE "
-                "subwords (Moses tokenizer + joint En+Fr BPE learned on wordfreq counts)",
+
+def settings(args, pretokenized: bool) -> dict:
+    return {"merges": args.merges, "cap_per_language": args.cap, "wordlist": args.wordlist,
+            "count_scale": args.scale, "moses_aggressive_dash_splits": args.aggressive,
+            "moses_escape": False, "lowercased": True,
+            "newstest_pretokenized": pretokenized, "newstest": [str(x) for x in args.newstest],
+            "wordfreq": version("wordfreq"), "subword-nmt": version("subword-nmt"),
+            "sacremoses": version("sacremoses")}
+
+
+def lengths_result(m: dict) -> dict:
+    """The newstest part of the result: histograms, means, maxima and ratios."""
+    words, moses, subs, smashed, n = m["words"], m["moses"], m["subs"], m["smashed"], len(m["words"])
+    return {
         "sentences": n,
         "subword_length_histogram": {L: c for L, c in sorted(Counter(subs).items())},
         "mean_subwords": sum(subs) / n,
@@ -191,32 +213,38 @@ def main() -> None:
         # counts) whole. Masking digits before BPE gives the other bound.
         "digits_as_zeros": {"mean_subwords": sum(smashed) / n, "max_subwords": max(smashed),
                             "subword_length_histogram": {L: c for L, c in sorted(Counter(smashed).items())}},
-        "word_histogram_matches_speed_table": not mismatch,
-        "word_histogram_mismatches": {L: {"measured": a, "speed_table": b} for L, (a, b) in mismatch.items()},
-        "parallel_set": {"en": str(args.parallel_en), "fr": str(args.parallel_fr),
-                         "sentences": len(read_lines(args.parallel_en)),
-                         "totals": {lang: dict(zip(("words", "moses_tokens", "subwords"), v)) for lang, v in par.items()},
-                         "fr_per_en": fr_en},
-        "settings": {"merges": args.merges, "cap_per_language": args.cap, "wordlist": args.wordlist,
-                     "count_scale": args.scale, "moses_aggressive_dash_splits": args.aggressive,
-                     "moses_escape": False, "lowercased": True,
-                     "newstest_pretokenized": pretok, "newstest": [str(x) for x in args.newstest],
-                     "wordfreq": version("wordfreq"), "subword-nmt": version("subword-nmt"),
-                     "sacremoses": version("sacremoses")},
-        "seconds": {"dictionary_and_learn_bpe": round(t_learn, 1), "total": round(time.time() - t0, 1)},
+        "word_histogram_matches_speed_table": not m["mismatch"],
+        "word_histogram_mismatches": {L: {"measured": a, "speed_table": b} for L, (a, b) in m["mismatch"].items()},
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
-    print(f"{n} sentences: mean {result['mean_words']:.2f} words (max {result['max_words']}), "
+
+def report(result: dict, mismatch: dict, args, t0: float) -> None:
+    print(f"{result['sentences']} sentences: mean {result['mean_words']:.2f} words (max {result['max_words']}), "
           f"{result['mean_moses_tokens']:.2f} Moses tokens, {result['mean_subwords']:.2f} subwords (max {result['max_subwords']})")
     print(f"subwords/word {result['subword_per_word_total']:.3f} total, {result['subword_per_word_median']:.3f} median; "
           f"Moses tokens/word {result['moses_token_per_word_total']:.3f}; "
           f"mean subwords with digits as 0s {result['digits_as_zeros']['mean_subwords']:.2f}")
     print("word histogram vs NEWSTEST_LENGTHS: " + ("match" if not mismatch else f"MISMATCH {mismatch}"))
     print("fr/en on {}: words {words:.3f}, Moses tokens {moses_tokens:.3f}, subwords {subwords:.3f}".format(
-        args.parallel_en.name, **fr_en))
+        args.parallel_en.name, **result["parallel_set"]["fr_per_en"]))
     print(f"wrote {args.output} in {time.time() - t0:.0f} s")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    t0 = time.time()
+    seg = make_segmenter(args)
+    t_learn = time.time() - t0
+    measured = measure_newstest(seg, args)
+    result = {"what": "newstest2012+2013 English source lengths in approximate fairseq WMT'14 En-Fr BPE "
+                      "subwords (Moses tokenizer + joint En+Fr BPE learned on wordfreq counts)",
+              **lengths_result(measured),
+              "parallel_set": measure_parallel(seg, args),
+              "settings": settings(args, measured["pretokenized"])}
+    result["seconds"] = {"dictionary_and_learn_bpe": round(t_learn, 1), "total": round(time.time() - t0, 1)}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    report(result, measured["mismatch"], args, t0)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import torch
 
 import convs2s_kernels as ck
 
-from bench_utils import DTYPES, record, run_timed, shapes
+from convs2s_bench.harness import DTYPES, record, run_timed, shapes
 
 # (B, T, S, E)
 SHAPES = shapes(

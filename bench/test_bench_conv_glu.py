@@ -14,7 +14,7 @@ import torch
 
 import convs2s_kernels as ck
 
-from bench_utils import DTYPES, record, run_timed, shapes
+from convs2s_bench.harness import DTYPES, record, run_timed, shapes
 
 # (B, T, C, k, causal)
 SHAPES = shapes(

@@ -11,7 +11,7 @@ import torch
 
 import convs2s_kernels as ck
 
-from bench_utils import DTYPES, record, rotating, run_timed, shapes
+from convs2s_bench.harness import DTYPES, record, rotating, run_timed, shapes
 
 # (rows N = batch x beam, C_in = C): one sentence greedy, one sentence beam 5, 32 sentences x beam 5.
 SHAPES = [pytest.param(n, c, id=f"N{n}_C{c}")

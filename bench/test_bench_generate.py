@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import convs2s
-from convs2s.speed_table import decoder_step_bytes, generation_flops
+from convs2s_bench.flops import decoder_step_bytes, generation_flops
 
-from bench_utils import DTYPES, SMOKE, record, shapes
+from convs2s_bench.harness import DTYPES, SMOKE, record, shapes
 
 ARCH, VOCAB, SENTENCES, LENGTH = shapes(paper=("fconv_wmt_en_fr", 40000, 8, 23), smoke=("fconv_iwslt_de_en", 64, 2, 4))
 FORCED = round(1.1 * LENGTH)

@@ -8,7 +8,7 @@ import torch
 
 import convs2s_kernels as ck
 
-from bench_utils import DTYPES, record, rotating, run_timed, shapes
+from convs2s_bench.harness import DTYPES, record, rotating, run_timed, shapes
 
 SHAPES = shapes(paper=[(m, k, n) for m in (1, 5, 8) for k, n in ((512, 1024), (768, 512), (4096, 512), (512, 40000))],
                 smoke=[(1, 16, 24), (5, 16, 24)])

@@ -59,8 +59,8 @@ def main(argv=None) -> int:
 def by_size(est_row, full_row) -> str:
     """Modelled against measured seconds per batch-size group: the full run's batches are the
     estimate's, so its per-batch times price the same list."""
-    from convs2s.speed_estimate import Batch, BatchTiming, price
-    from convs2s.speed_workload import forced_lengths
+    from convs2s_bench.estimate import Batch, BatchTiming, price
+    from convs2s_bench.workload import forced_lengths
 
     rep = full_row["per_repeat"][0]
     batches = [Batch(tuple(range(n)), s, forced_lengths([[0] * s])[0]) for n, s in rep["batches"]]

@@ -12,7 +12,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence, Tuple, Union
 
+from .errors import Convs2sError
+
 LayerSpec = Union[str, Sequence[Sequence[int]]]
+
+
+class ConfigError(Convs2sError):
+    """An architecture name, layer spec or model option that cannot describe a model."""
+
+
+class UnknownOptionError(ConfigError, TypeError):
+    """A model option that is no :class:`ConvS2SConfig` field (a TypeError, as for a bad keyword)."""
 
 
 def parse_layer_spec(spec: LayerSpec) -> List[Tuple[int, int, int]]:
@@ -21,22 +31,22 @@ def parse_layer_spec(spec: LayerSpec) -> List[Tuple[int, int, int]]:
         try:
             spec = _eval_spec(ast.parse(spec.strip(), mode="eval").body)
         except (SyntaxError, ValueError) as exc:
-            raise ValueError(f"invalid layer spec {spec!r}: {exc}") from None
+            raise ConfigError(f"invalid layer spec {spec!r}: {exc}") from None
     layers = []
     for i, entry in enumerate(spec):
         entry = tuple(entry)
         if len(entry) == 2:
             entry = entry + (1,)
         if len(entry) != 3 or not all(isinstance(v, int) for v in entry):
-            raise ValueError(f"layer {i} of the spec must be (out_channels, kernel_width[, residual]) ints, got {entry}")
+            raise ConfigError(f"layer {i} of the spec must be (out_channels, kernel_width[, residual]) ints, got {entry}")
         out_channels, kernel_width, residual = entry
         if out_channels < 1 or kernel_width < 1 or residual < 0 or residual > i + 1:
-            raise ValueError(
+            raise ConfigError(
                 f"layer {i} spec {entry}: need out_channels >= 1, kernel_width >= 1 and 0 <= residual <= {i + 1}"
             )
         layers.append(entry)
     if not layers:
-        raise ValueError("a layer spec needs at least one layer")
+        raise ConfigError("a layer spec needs at least one layer")
     return layers
 
 
@@ -74,26 +84,29 @@ class ConvS2SConfig:
         self.decoder_layers = parse_layer_spec(self.decoder_layers)
         att = self.decoder_attention
         if isinstance(att, str):
-            att = ast.literal_eval(att)
+            try:
+                att = ast.literal_eval(att)
+            except (SyntaxError, ValueError):
+                raise ConfigError(f"decoder_attention must be a boolean or a list of booleans, got {att!r}") from None
         if isinstance(att, bool):
             att = [att] * len(self.decoder_layers)
         att = [bool(a) for a in att]
         if len(att) != len(self.decoder_layers):
-            raise ValueError(
+            raise ConfigError(
                 f"decoder_attention has {len(att)} entries but the decoder has {len(self.decoder_layers)} layers"
             )
         if not any(att):
-            raise ValueError("the decoder needs attention in at least one layer")
+            raise ConfigError("the decoder needs attention in at least one layer")
         self.decoder_attention = att
         if self.encoder_embed_dim != self.decoder_embed_dim:
-            raise ValueError(
+            raise ConfigError(
                 f"encoder_embed_dim ({self.encoder_embed_dim}) must equal decoder_embed_dim "
                 f"({self.decoder_embed_dim}): attention multiplies decoder queries with encoder outputs"
             )
         if self.share_input_output_embed and self.decoder_out_embed_dim != self.decoder_embed_dim:
-            raise ValueError("share_input_output_embed needs decoder_out_embed_dim == decoder_embed_dim")
+            raise ConfigError("share_input_output_embed needs decoder_out_embed_dim == decoder_embed_dim")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+            raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
 
     @property
     def num_attention_layers(self) -> int:
@@ -133,11 +146,11 @@ ARCHITECTURES: Dict[str, Dict] = {
 def get_config(arch: str, **overrides) -> ConvS2SConfig:
     """The named architecture's configuration, with ``overrides`` applied (e.g. ``dropout=0.2``)."""
     if arch not in ARCHITECTURES and arch != "custom":
-        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(sorted(ARCHITECTURES))} or 'custom'")
+        raise ConfigError(f"unknown architecture {arch!r}; known: {', '.join(sorted(ARCHITECTURES))} or 'custom'")
     known = {f.name for f in dataclasses.fields(ConvS2SConfig)}
     unknown = set(overrides) - known
     if unknown:
-        raise TypeError(f"unknown model options {sorted(unknown)}; known: {sorted(known - {'arch', 'extra'})}")
+        raise UnknownOptionError(f"unknown model options {sorted(unknown)}; known: {sorted(known - {'arch', 'extra'})}")
     kwargs = dict(ARCHITECTURES.get(arch, {}))
     kwargs.update(overrides)
     kwargs["arch"] = arch

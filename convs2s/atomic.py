@@ -1,32 +1,59 @@
-"""Atomic file writes: write a temporary file beside the target, then rename it over the target,
-so an interrupted write never leaves a half-written checkpoint, dataset or report behind."""
+"""Every file convs2s writes goes through here.
+
+Whole files (checkpoints, datasets, dictionaries, reports, downloads) are written atomically:
+into a temporary file beside the target, flushed to disk, then renamed over the target, so an
+interrupted write never leaves a half-written file behind (the old file, if any, stays as it
+was). Logs grow by whole lines (:func:`append_line`).
+"""
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, BinaryIO, Iterator, Union
 
 import torch
 
 PathLike = Union[str, os.PathLike]
 
 
-def _tmp(path: Path) -> Path:
-    return path.with_name(path.name + ".tmp")
-
-
-def atomic_torch_save(obj: Any, path: PathLike) -> None:
+@contextmanager
+def atomic_open(path: PathLike) -> Iterator[BinaryIO]:
+    """A binary file to write ``path`` through: it replaces ``path`` when the block ends without an
+    error; on an error or interruption it is removed and ``path`` is left untouched."""
     path = Path(path)
-    torch.save(obj, _tmp(path))
-    os.replace(_tmp(path), path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
-    path = Path(path)
-    _tmp(path).write_bytes(data)
-    os.replace(_tmp(path), path)
+    with atomic_open(path) as f:
+        f.write(data)
 
 
 def atomic_write_text(path: PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_torch_save(obj: Any, path: PathLike) -> None:
+    with atomic_open(path) as f:
+        torch.save(obj, f)
+
+
+def append_line(path: PathLike, line: str) -> None:
+    """Append ``line`` and a newline to ``path`` (created when missing) in one write: a reader
+    polling the file, or a run killed meanwhile, sees the whole line or none of it."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, (line + "\n").encode("utf-8"))
+    finally:
+        os.close(fd)

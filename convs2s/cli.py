@@ -13,12 +13,11 @@ Commands:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-import torch
+from .errors import Convs2sError
 
 
 def _positive_int(text: str) -> int:
@@ -55,69 +54,23 @@ def _name_list(text: str) -> List[str]:
     return values
 
 
+# The bench commands live with the benchmarks (bench/): their module is imported only when one runs.
 def cmd_speed_table(args) -> int:
-    from .speed_table import SpeedTableError, format_table, run, write_json
+    from convs2s_bench.cli import speed_table
 
-    if args.full and args.sentences is not None:
-        print("error: give either --full or --sentences", file=sys.stderr)
-        return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    mode = "subset" if args.sentences is not None else "full" if args.full or args.checkpoint else "estimate"
-    save = (lambda partial: write_json(partial, args.json)) if args.json else None  # progress survives a kill
-    try:
-        result = run(arch=args.arch, checkpoint=args.checkpoint, dicts=args.dicts, source=args.source,
-                     reference=args.reference, spm=args.spm, mode=mode, sentences=args.sentences, beams=args.beams,
-                     backends=args.backends, device=args.device, dtypes=args.dtype, decoders=args.decoders,
-                     repeats=args.repeats, batch_size=args.batch_size, vocab=args.vocab, seed=args.seed,
-                     progress=args.progress or sys.stderr.isatty(), on_update=save,
-                     log=lambda msg: print(msg, file=sys.stderr))
-    except (SpeedTableError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(format_table(result))
-    if args.json:
-        write_json(result, args.json)
-        print(f"\nwrote {args.json}")
-    if args.plot:
-        from .speed_plot import plot_table
-
-        plot_table(result, args.plot)
-        print(f"wrote {args.plot}")
-    return 0
+    return speed_table(args)
 
 
 def cmd_vs_fairseq(args) -> int:
-    from .atomic import atomic_write_text
-    from .speed_workload import Config
-    from .vs_fairseq import VsFairseqError, compare, format_result
+    from convs2s_bench.cli import vs_fairseq
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    config = Config(args.backend, args.decoder, "fp32") if args.backend else None
-    try:
-        result = compare(fairseq_python=args.fairseq_python, checkpoint=args.checkpoint, dicts=args.dicts,
-                         input_ids=args.input, beams=args.beams, repeats=args.repeats, batch_size=args.batch_size,
-                         config=config, log=lambda msg: print(msg, file=sys.stderr))
-    except (VsFairseqError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(format_result(result))
-    if args.json:
-        atomic_write_text(args.json, json.dumps(result, indent=1))
-        print(f"\nwrote {args.json}")
-    return 0
+    return vs_fairseq(args)
 
 
 def cmd_bench_compare(args) -> int:
-    from .bench_compare import CompareError, compare
+    from convs2s_bench.cli import compare
 
-    try:
-        print(compare(args.files, args.format))
-    except CompareError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return compare(args)
 
 
 def _load_for_translation(args):
@@ -128,7 +81,7 @@ def _load_for_translation(args):
         raise SystemExit("error: give a model with --fairseq-checkpoint PATH (and --fairseq-dicts DIR if the "
                          "dictionaries are not beside it)")
     try:  # check the backend before the (slow) checkpoint load
-        ck.dispatch.requested_backends(args.backend)
+        ck.requested_backends(args.backend)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     model, src_dict, tgt_dict = convs2s.load_fairseq(args.fairseq_checkpoint, args.fairseq_dicts,
@@ -256,7 +209,7 @@ def train_config_from_args(args):
 
 def cmd_train(args) -> int:
     from .architectures import get_config
-    from .train import Trainer, TrainingDiverged, init_distributed
+    from .train import StopKind, Trainer, TrainingDiverged, init_distributed
 
     cfg = train_config_from_args(args)
     try:
@@ -278,7 +231,7 @@ def cmd_train(args) -> int:
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-    return 0 if summary["reason"] and not summary["reason"].startswith("stopped by") else 130
+    return 130 if summary["stop"] is StopKind.SIGNAL else 0
 
 
 def _add_generation_options(p: argparse.ArgumentParser) -> None:
@@ -314,12 +267,18 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="convs2s", description="ConvS2S on fused kernels")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="the paper's generation-speed table; compare benchmark results")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
+    _add_speed_table_parser(bsub)
+    _add_vs_fairseq_parser(bsub)
+    cmp_p = bsub.add_parser("compare", help="pivot pytest-benchmark JSON files into one table across machines")
+    cmp_p.add_argument("files", nargs="+")
+    cmp_p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
+    cmp_p.set_defaults(func=cmd_bench_compare)
+
+
+def _add_speed_table_parser(bsub) -> None:
     st = bsub.add_parser("speed-table", help="Table 3 of the paper: beam 1 / beam 5 generation time per backend")
     st.add_argument("--arch", default="fconv_wmt_en_fr", help="architecture for random weights")
     st.add_argument("--checkpoint", help="a fairseq fconv checkpoint instead of random weights")
@@ -350,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--plot", help="draw the table beside the paper's rows into this PNG (matplotlib)")
     st.add_argument("--progress", action="store_true", help="show progress bars even when stderr is no terminal")
     st.set_defaults(func=cmd_speed_table)
+
+
+def _add_vs_fairseq_parser(bsub) -> None:
     vs = bsub.add_parser("vs-fairseq", help="fairseq's own generator beside convs2s: same checkpoint, sentences, "
                                             "batches and forced lengths; times, ratio and output agreement")
     vs.add_argument("--fairseq-python", required=True, help="python of a venv with fairseq installed")
@@ -364,11 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     vs.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads for both (0: default)")
     vs.add_argument("--json", help="also write the numbers here")
     vs.set_defaults(func=cmd_vs_fairseq)
-    cmp_p = bsub.add_parser("compare", help="pivot pytest-benchmark JSON files into one table across machines")
-    cmp_p.add_argument("files", nargs="+")
-    cmp_p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
-    cmp_p.set_defaults(func=cmd_bench_compare)
 
+
+def _add_translation_parsers(sub) -> None:
     tr = sub.add_parser("translate", help="translate text with a fairseq fconv checkpoint")
     _add_generation_options(tr)
     tr.add_argument("--output", help="write translations here (default: stdout)")
@@ -379,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--reference", help="reference translations (detokenised) for sacrebleu")
     gen.add_argument("--print-alignment", action="store_true", help="print A- lines (argmax attention)")
     gen.set_defaults(func=cmd_generate)
+
+
+def _add_data_parser(sub) -> None:
     data = sub.add_parser("data", help="prepare a corpus or fetch Multi30k")
     dsub = data.add_subparsers(dest="data_command", required=True)
     prep = dsub.add_parser("prepare", help="clean, learn joint sentencepiece BPE, write dictionaries and binaries")
@@ -403,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     m30k.add_argument("--mirror", default=URL, help="base URL or local folder holding the .gz files")
     m30k.set_defaults(func=cmd_data_multi30k)
 
+
+def _add_train_parser(sub) -> None:
     train_p = sub.add_parser("train", help="train on a prepared data folder (NAG, clipping, plateau annealing)")
     train_p.add_argument("data", help="data folder written by `convs2s data prepare`")
     train_p.add_argument("--save-dir", required=True, help="checkpoints, dictionaries and train_log.jsonl go here")
@@ -438,15 +403,20 @@ def build_parser() -> argparse.ArgumentParser:
     train_p.add_argument("--resume", action="store_true", help="continue from SAVE_DIR/checkpoint_last.pt")
     train_p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
     train_p.set_defaults(func=cmd_train)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="convs2s", description="ConvS2S on fused kernels")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_bench_parser(sub)
+    _add_translation_parsers(sub)
+    _add_data_parser(sub)
+    _add_train_parser(sub)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from .data import DataError
-    from .fairseq_io import CheckpointError
-    from .translate import InputError
-
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -455,6 +425,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:  # e.g. piped into `head`: the reader has what it wanted
         sys.stderr.close()
         return 0
-    except (FileNotFoundError, CheckpointError, InputError, DataError) as exc:
+    except (Convs2sError, FileNotFoundError) as exc:  # bad input, named in one line: never a traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -31,13 +31,14 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .atomic import atomic_torch_save, atomic_write_text
-from .dictionary import UNK, Dictionary
-from .encoder import EOS, PAD
+from .dictionary import Dictionary
+from .errors import Convs2sError
+from .special_tokens import EOS, PAD, UNK
 
 PathLike = Union[str, os.PathLike]
 
 
-class DataError(ValueError):
+class DataError(Convs2sError):
     """A corpus or data folder that cannot be used, with the reason."""
 
 

@@ -20,9 +20,10 @@ import torch.nn.functional as F
 import convs2s_kernels as ck
 
 from .architectures import ConvS2SConfig
-from .encoder import PAD, EncoderOut, check_tokens
+from .encoder import EncoderOut, check_tokens
 from .fused_step import fused_layers_step, fused_step_reason
-from .layers import SQRT_HALF, Linear, apply_linear, conv_stack, embedding, make_positions, residual_input
+from .layers import NO_DISPATCH, SQRT_HALF, Linear, apply_linear, conv_stack, embedding, make_positions, residual_input
+from .special_tokens import PAD
 
 
 class AttentionLayer(nn.Module):
@@ -152,7 +153,7 @@ class Decoder(nn.Module):
     def max_positions(self) -> int:
         return self.embed_positions.num_embeddings - PAD - 1
 
-    def _output(self, x, backend: Optional[str] = None, vocab=None):
+    def _output(self, x, backend: Optional[str] = NO_DISPATCH, vocab=None):
         x = apply_linear(self.fc2, x, backend)
         x = F.dropout(x, self.dropout, self.training)
         if vocab is not None:  # a shortlist (convs2s.shortlist.VocabSubset): only its rows are scored
@@ -227,46 +228,47 @@ class Decoder(nn.Module):
         target_embedding = x
         # Projections of a step see only a few rows: they go through the dispatcher (``linear``),
         # whose cpp kernel streams the weight once instead of packing it for a GEMM.
-        lin_backend = backend or "auto"
-        x = apply_linear(self.fc1, x, lin_backend)
-        residuals = [x]
-        avg_attn = None
-        num_layers = len(self.convolutions)
+        x = apply_linear(self.fc1, x, backend)
         parents = state.pending_index
         emb_scores = None
         if state.folded is not None:  # g . z_s, shared by every attention layer
             emb_scores = torch.bmm(target_embedding.view(B, beam, -1), enc.z.transpose(1, 2))
-        fused = None
-        if state.folded is not None:
-            # every layer in one C++ call when the cpp backend may run the step (same kernels);
-            # decided at the state's first step
+            # every layer in one call (convs2s_kernels.decoder_step) when its cpp backend may run
+            # the step (same kernels); decided at the state's first step
             if state.fused_ok is None:
                 state.fused_ok = fused_step_reason(self, x, state, backend) is None
-            if state.fused_ok:
-                fused = fused_layers_step(self, x, emb_scores, state, parents, need_attn)
-        if fused is not None:
-            x, avg_attn = fused
+        if state.fused_ok:
+            x, avg_attn = fused_layers_step(self, x, emb_scores, state, parents, need_attn)
         else:
-            for i, (proj, conv, attention, r) in enumerate(
-                zip(self.projections, self.convolutions, self.attention, self.residuals)
-            ):
-                residual = residual_input(residuals, proj, r, lin_backend)
-                x = F.dropout(x, self.dropout, self.training)
-                x, state.conv_states[i] = conv.step(x, state.conv_states[i], parents, backend)
-                if attention is not None:
-                    # A sentence's beams are its queries: (N, C) -> (B, beam, C) against one encoder copy.
-                    h = x.view(B, beam, -1)
-                    if state.folded is not None:
-                        out, attn = state.folded[i].step(h, emb_scores, enc, need_attn)
-                    else:
-                        out, attn = attention(h, target_embedding.view(B, beam, -1), enc, need_attn, backend)
-                    x = out.reshape(N, -1)
-                    if attn is not None:
-                        attn = attn.reshape(N, -1) / num_layers
-                        avg_attn = attn if avg_attn is None else avg_attn + attn
-                if residual is not None:
-                    x = (x + residual) * SQRT_HALF
-                residuals.append(x)
+            x, avg_attn = self._layers_step(x, target_embedding, emb_scores, state, parents, need_attn, backend)
         state.pending_index = None
         state.step += 1
-        return self._output(x, lin_backend, state.vocab), avg_attn
+        return self._output(x, backend, state.vocab), avg_attn
+
+    def _layers_step(self, x, target_embedding, emb_scores, state: DecoderState, parents, need_attn: bool,
+                     backend: Optional[str]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The decoder layers of one step, op by op (each dispatched); advances the conv states."""
+        enc = state.encoder_out
+        B, beam, N = enc.z.shape[0], state.beam, state.num_rows
+        residuals, avg_attn, num_layers = [x], None, len(self.convolutions)
+        for i, (proj, conv, attention, r) in enumerate(
+            zip(self.projections, self.convolutions, self.attention, self.residuals)
+        ):
+            residual = residual_input(residuals, proj, r, backend)
+            x = F.dropout(x, self.dropout, self.training)
+            x, state.conv_states[i] = conv.step(x, state.conv_states[i], parents, backend)
+            if attention is not None:
+                # A sentence's beams are its queries: (N, C) -> (B, beam, C) against one encoder copy.
+                h = x.view(B, beam, -1)
+                if state.folded is not None:
+                    out, attn = state.folded[i].step(h, emb_scores, enc, need_attn)
+                else:
+                    out, attn = attention(h, target_embedding.view(B, beam, -1), enc, need_attn, backend)
+                x = out.reshape(N, -1)
+                if attn is not None:
+                    attn = attn.reshape(N, -1) / num_layers
+                    avg_attn = attn if avg_attn is None else avg_attn + attn
+            if residual is not None:
+                x = (x + residual) * SQRT_HALF
+            residuals.append(x)
+        return x, avg_attn

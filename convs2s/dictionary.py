@@ -7,21 +7,22 @@ import os
 from pathlib import Path
 from typing import Dict, Iterable, List, Sequence, Union
 
-BOS, PAD, EOS, UNK = 0, 1, 2, 3
-SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
+from .atomic import atomic_write_text
+from .errors import Convs2sError
+from .special_tokens import BOS, EOS, NUM_SPECIALS, PAD, SYMBOLS, UNK
 
 
-class DictionaryFormatError(ValueError):
-    pass
+class DictionaryFormatError(Convs2sError):
+    """A dictionary file that is not fairseq's ``symbol count`` lines, with the file and line."""
 
 
 class Dictionary:
     """Symbol <-> index map with fairseq's specials ``<s>``=0, ``<pad>``=1, ``</s>``=2, ``<unk>``=3."""
 
     def __init__(self, symbols: Iterable[str] = (), counts: Iterable[int] = ()):
-        self.symbols: List[str] = list(SPECIALS)
-        self.counts: List[int] = [1] * len(SPECIALS)
-        self.indices: Dict[str, int] = {s: i for i, s in enumerate(SPECIALS)}
+        self.symbols: List[str] = list(SYMBOLS)
+        self.counts: List[int] = [1] * NUM_SPECIALS
+        self.indices: Dict[str, int] = {s: i for i, s in enumerate(SYMBOLS)}
         counts = list(counts)
         for sym, cnt in zip(symbols, counts or itertools.repeat(1)):
             self.add_symbol(sym, cnt)
@@ -78,10 +79,6 @@ class Dictionary:
         return d
 
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Write atomically (temporary file, then rename)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for sym, cnt in zip(self.symbols[len(SPECIALS):], self.counts[len(SPECIALS):]):
-                f.write(f"{sym} {cnt}\n")
-        os.replace(tmp, path)
+        """Write atomically: an interrupted save leaves the previous file as it was."""
+        words = zip(self.symbols[NUM_SPECIALS:], self.counts[NUM_SPECIALS:])
+        atomic_write_text(path, "".join(f"{sym} {cnt}\n" for sym, cnt in words))

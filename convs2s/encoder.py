@@ -13,8 +13,7 @@ import convs2s_kernels as ck
 
 from .architectures import ConvS2SConfig
 from .layers import SQRT_HALF, GradMultiply, Linear, conv_stack, embedding, make_positions, residual_input
-
-PAD, EOS = 1, 2
+from .special_tokens import EOS, PAD  # noqa: F401  (EOS: convs2s.encoder.EOS stays importable)
 
 
 @dataclass

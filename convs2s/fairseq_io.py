@@ -26,6 +26,7 @@ import torch
 from .architectures import get_config
 from .atomic import atomic_torch_save
 from .dictionary import Dictionary
+from .errors import Convs2sError
 from .layers import WeightNormed, gain_dim
 from .model import ConvS2SModel
 
@@ -40,7 +41,7 @@ _MODEL_FIELDS = (
 _IGNORED_SUFFIXES = ("._linearized_weight",)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(Convs2sError):
     """A checkpoint that cannot be used, with the reason."""
 
 

@@ -15,14 +15,19 @@ results come back in input order.
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .encoder import EOS, PAD
+from .errors import Convs2sError
 from .model import ConvS2SModel
+from .special_tokens import EOS, PAD, UNK
 
-UNK = 3
+
+class GenerationError(Convs2sError):
+    """Sources or search options that generation cannot use, named in the message."""
 
 
 def _check_sources(sources: Sequence[Sequence[int]], vocab_size: int, max_len: int) -> List[List[int]]:
@@ -32,21 +37,28 @@ def _check_sources(sources: Sequence[Sequence[int]], vocab_size: int, max_len: i
     for i, s in enumerate(sources):
         ids = [int(t) for t in s]
         if len(ids) + 1 > max_len:
-            raise ValueError(
+            raise GenerationError(
                 f"source {i} has {len(ids)} tokens; with EOS the model accepts at most {max_len - 1}"
             )
         bad = [t for t in ids if t < 0 or t >= vocab_size]
         if bad:
-            raise ValueError(f"source {i} has token ids outside the vocabulary [0, {vocab_size - 1}]: {bad[:5]}")
+            raise GenerationError(f"source {i} has token ids outside the vocabulary [0, {vocab_size - 1}]: {bad[:5]}")
         out.append(ids + [EOS])
     return out
+
+
+def _check_search_options(beam: int, nbest: int, min_len: int, max_len_a: float, max_len_b: int) -> None:
+    if beam < 1 or nbest < 1 or nbest > beam:
+        raise GenerationError(f"need 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
+    if min_len < 0 or max_len_b < 0 or max_len_a < 0:
+        raise GenerationError("min_len, max_len_a and max_len_b must be non-negative")
 
 
 def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: Optional[int] = None) -> List[List[int]]:
     """Indices grouped by equal length, each group cut into batches of at most ``batch_size``
     sentences and ``max_tokens`` tokens; batches ordered by length (shortest first)."""
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise GenerationError(f"batch_size must be >= 1, got {batch_size}")
     groups: Dict[int, List[int]] = defaultdict(list)
     for i, L in enumerate(lengths):
         groups[L].append(i)
@@ -56,6 +68,22 @@ def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: Optional
         idx = groups[L]
         batches.extend(idx[j : j + cap] for j in range(0, len(idx), cap))
     return batches
+
+
+@contextmanager
+def _sources_in_batches(model: ConvS2SModel, sources, batch_size: int, max_tokens: Optional[int] = None):
+    """The model in eval mode (restored afterwards), with ``(checked sources, batches)``: each batch
+    is ``(indices into sources, (B, S) source tensor on the model's device)``."""
+    was_training = model.training
+    model.eval()
+    try:
+        srcs = _check_sources(sources, model.src_vocab_size, min(model.max_positions()))
+        device = next(model.parameters()).device
+        batches = ((idx, torch.tensor([srcs[i] for i in idx], dtype=torch.long, device=device))
+                   for idx in length_batches([len(s) for s in srcs], batch_size, max_tokens))
+        yield srcs, batches
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
@@ -99,39 +127,46 @@ def generate(
     ``step_hook(step)`` is called once a batch is encoded and its decoder state built (``step``
     = -1), then after every decoding step: benchmarks time the parts of a batch with it.
     """
-    if beam < 1 or nbest < 1 or nbest > beam:
-        raise ValueError(f"need 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
-    if min_len < 0 or max_len_b < 0 or max_len_a < 0:
-        raise ValueError("min_len, max_len_a and max_len_b must be non-negative")
-    was_training = model.training
-    model.eval()
-    try:
-        max_pos = min(model.max_positions())
-        srcs = _check_sources(sources, model.src_vocab_size, max_pos)
+    _check_search_options(beam, nbest, min_len, max_len_a, max_len_b)
+    options = _SearchOptions(beam, max_len_a, max_len_b, min_len, lenpen, unkpen, return_attention, fold_attention,
+                             shortlist)
+    with _sources_in_batches(model, sources, batch_size, max_tokens) as (srcs, batches):
         results: List[Optional[List[dict]]] = [None] * len(srcs)
-        batches = length_batches([len(s) for s in srcs], batch_size, max_tokens)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(srcs), unit="sent", desc="generate")
-        device = next(model.parameters()).device
-        for idx in batches:
-            src = torch.tensor([srcs[i] for i in idx], dtype=torch.long, device=device)
+        bar = _progress_bar(len(srcs)) if progress else None
+        for idx, src in batches:
             forced = None
             if forced_length is not None:
-                forced = torch.tensor([int(forced_length[i]) for i in idx], device=device)
-            hypos = _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen,
-                                 return_attention, forced, fold_attention, shortlist, step_hook)
-            for i, h in zip(idx, hypos):
+                forced = torch.tensor([int(forced_length[i]) for i in idx], device=src.device)
+            for i, h in zip(idx, _beam_search(model, src, options, forced, step_hook)):
                 results[i] = h[:nbest]
             if bar is not None:
                 bar.update(len(idx))
         if bar is not None:
             bar.close()
         return results  # type: ignore[return-value]
-    finally:
-        model.train(was_training)
+
+
+def _progress_bar(total: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="sent", desc="generate")
+
+
+@dataclass(frozen=True)
+class _SearchOptions:
+    beam: int
+    max_len_a: float
+    max_len_b: int
+    min_len: int
+    lenpen: float
+    unkpen: float
+    need_attn: bool = False
+    fold_attention: bool = False
+    shortlist: object = None
+
+    def max_len(self, model: ConvS2SModel, src_len: int) -> int:
+        """fairseq's ``min(a * S + b, max_positions - 1)`` for a batch of source length ``S``."""
+        return min(int(self.max_len_a * src_len + self.max_len_b), model.decoder.max_positions - 1)
 
 
 def _only_eos(lprobs: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None:
@@ -143,118 +178,193 @@ def _only_eos(lprobs: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None
     lprobs[rows, EOS] = eos_col
 
 
-def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen, need_attn, forced_len,
-                 fold_attention=False, shortlist=None, step_hook=None):
-    bsz, src_len = src.shape
-    V = model.tgt_vocab_size
-    k = min(beam, V - 1)
-    max_len = min(int(max_len_a * src_len + max_len_b), model.decoder.max_positions - 1)
-    device = src.device
+def _apply_rules(lprobs: torch.Tensor, step: int, max_len: int, min_len: int, unkpen: float) -> None:
+    """The rules of every step, in place: never PAD, UNK penalised by ``unkpen``, only EOS at
+    ``max_len``, no EOS before ``min_len``."""
+    lprobs[:, PAD] = float("-inf")
+    lprobs[:, UNK] -= unkpen
+    if step >= max_len:
+        _only_eos(lprobs)
+    elif step < min_len:
+        lprobs[:, EOS] = float("-inf")
 
-    encoder_out = model.encode(src)
-    state = model.init_decoder_state(encoder_out, k, fold_attention)
-    if shortlist is not None:
-        from .shortlist import VocabSubset
 
-        ids = shortlist.candidates(src)
-        if ids.numel() < 2 * k + 1:
-            raise ValueError(f"the shortlist leaves {ids.numel()} target words for this batch; beam {k} needs "
-                             f"at least {2 * k + 1} (raise --shortlist-top)")
-        state.vocab = VocabSubset(model.decoder.fc3, ids)
-    tokens = torch.full((bsz * k, max_len + 2), PAD, dtype=torch.long, device=device)
-    tokens[:, 0] = EOS
-    scores = torch.zeros(bsz * k, max_len + 1, device=device)
-    attn = torch.zeros(bsz * k, src_len, max_len + 2, device=device) if need_attn else None
-    src_lengths = encoder_out.src_lengths.repeat_interleave(k)
-    finalized: List[List[dict]] = [[] for _ in range(bsz)]
-    finished = [False] * bsz
-    remaining = bsz
-    cand_size = 2 * k
-    bbsz_offsets = (torch.arange(bsz, device=device) * k).unsqueeze(1)
-    cand_offsets = torch.arange(cand_size, device=device)
-    cands_to_ignore = torch.zeros(bsz, k, dtype=torch.bool, device=device)
-    sent_ids = torch.arange(bsz, device=device)  # original sentence of each active batch row
+@dataclass
+class _Candidates:
+    """A step's ``2 * beam`` best continuations per sentence (fairseq's BeamSearch.step), each
+    ``(B, 2 * beam)``: score, token, parent beam, and whether it is a live EOS."""
+
+    scores: torch.Tensor
+    indices: torch.Tensor
+    beams: torch.Tensor
+    eos_mask: torch.Tensor
+
+    def select(self, sentences: torch.Tensor) -> "_Candidates":
+        return _Candidates(self.scores[sentences], self.indices[sentences], self.beams[sentences],
+                           self.eos_mask[sentences])
+
+
+def _beam_search(model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions, forced_len=None,
+                 step_hook=None) -> List[List[dict]]:
+    """One batch's sorted hypotheses per sentence (fairseq's ``SequenceGenerator._generate``)."""
+    search = _BeamSearch(model, src, options, forced_len)
     if step_hook is not None:
         step_hook(-1)
+    for step in range(search.max_len + 1):
+        cands = search.candidates(step, search.lprobs(step))
+        newly_finished = search.finalize_eos(step, cands)
+        if search.remaining == 0 or step >= search.max_len:
+            if step_hook is not None:
+                step_hook(step)
+            break
+        batch_idxs = None
+        if newly_finished:
+            batch_idxs = search.drop_sentences(newly_finished)
+            cands = cands.select(batch_idxs)
+        search.advance(step, cands, batch_idxs)
+        if step_hook is not None:
+            step_hook(step)
+    for hyps in search.finalized:
+        hyps.sort(key=lambda h: h["score"], reverse=True)
+    return search.finalized
 
-    for step in range(max_len + 1):
-        logits, step_attn = model.decode_step(tokens[:, step], state, need_attn=need_attn)
+
+class _BeamSearch:
+    """The buffers of one batch's beam search: ``bsz * k`` rows (a sentence's beams adjacent) of
+    tokens (EOS first), cumulative scores and attention; sentences leave the batch once done."""
+
+    def __init__(self, model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions, forced_len=None):
+        self.model, self.options, self.forced_len = model, options, forced_len
+        bsz, src_len = src.shape
+        self.bsz = bsz
+        self.V = model.tgt_vocab_size
+        self.k = k = min(options.beam, self.V - 1)
+        self.max_len = max_len = options.max_len(model, src_len)
+        self.device = device = src.device
+        encoder_out = model.encode(src)
+        self.state = model.init_decoder_state(encoder_out, k, options.fold_attention)
+        if options.shortlist is not None:
+            self.state.vocab = _vocab_subset(model, options.shortlist, src, k)
+        self.tokens = torch.full((bsz * k, max_len + 2), PAD, dtype=torch.long, device=device)
+        self.tokens[:, 0] = EOS
+        self.scores = torch.zeros(bsz * k, max_len + 1, device=device)
+        self.attn = torch.zeros(bsz * k, src_len, max_len + 2, device=device) if options.need_attn else None
+        self.src_lengths = encoder_out.src_lengths.repeat_interleave(k)
+        self.finalized: List[List[dict]] = [[] for _ in range(bsz)]
+        self.finished = [False] * bsz
+        self.remaining = bsz
+        self.cand_size = 2 * k
+        self.bbsz_offsets = (torch.arange(bsz, device=device) * k).unsqueeze(1)
+        self.cand_offsets = torch.arange(self.cand_size, device=device)
+        self.cands_to_ignore = torch.zeros(bsz, k, dtype=torch.bool, device=device)
+        self.sent_ids = torch.arange(bsz, device=device)  # original sentence of each active batch row
+
+    def lprobs(self, step: int) -> torch.Tensor:
+        """Decode one step; the log-probabilities of every row's next token under the step's rules."""
+        logits, step_attn = self.model.decode_step(self.tokens[:, step], self.state, need_attn=self.options.need_attn)
         lprobs = torch.log_softmax(logits.float(), dim=-1)
         lprobs[lprobs != lprobs] = float("-inf")
-        lprobs[:, PAD] = float("-inf")
-        lprobs[:, UNK] -= unkpen
-        if step >= max_len:
-            _only_eos(lprobs)
-        elif step < min_len:
-            lprobs[:, EOS] = float("-inf")
-        if forced_len is not None and step < max_len:
-            rows_len = forced_len[sent_ids].repeat_interleave(k)
+        _apply_rules(lprobs, step, self.max_len, self.options.min_len, self.options.unkpen)
+        if self.forced_len is not None and step < self.max_len:
+            rows_len = self.forced_len[self.sent_ids].repeat_interleave(self.k)
             lprobs[step < rows_len, EOS] = float("-inf")
             at_length = step == rows_len  # end exactly there
             if bool(at_length.any()):
                 _only_eos(lprobs, at_length)
-        if attn is not None and step_attn is not None:
-            attn[:, :, step + 1].copy_(step_attn)
+        if self.attn is not None and step_attn is not None:
+            self.attn[:, :, step + 1].copy_(step_attn)
+        return lprobs
 
-        # BeamSearch.step: at step 0 only the first beam of each sentence is live.
+    def candidates(self, step: int, lprobs: torch.Tensor) -> _Candidates:
+        """BeamSearch.step: the top ``2k`` over ``k * V``; at step 0 only the first beam is live."""
+        bsz, k, V = self.bsz, self.k, self.V
         lp = lprobs.view(bsz, k, V)
         if step == 0:
             lp = lp[:, :1, :]
         else:
-            lp = lp + scores.view(bsz, k, -1)[:, :, step - 1].unsqueeze(-1)
+            lp = lp + self.scores.view(bsz, k, -1)[:, :, step - 1].unsqueeze(-1)
         flat = lp.reshape(bsz, -1)
-        cand_scores, cand_flat = torch.topk(flat, k=min(cand_size, flat.shape[1] - 1))
-        cand_beams = torch.div(cand_flat, V, rounding_mode="floor")
+        cand_scores, cand_flat = torch.topk(flat, k=min(self.cand_size, flat.shape[1] - 1))
         cand_indices = cand_flat.fmod(V)
-        cand_bbsz_idx = cand_beams + bbsz_offsets
-
         eos_mask = cand_indices.eq(EOS) & cand_scores.ne(float("-inf"))
-        eos_mask[:, :k][cands_to_ignore] = False
-        eos_bbsz_idx = cand_bbsz_idx[:, :k][eos_mask[:, :k]]
-        newly_finished: List[int] = []
-        if eos_bbsz_idx.numel() > 0:
-            eos_scores = cand_scores[:, :k][eos_mask[:, :k]]
-            newly_finished = _finalize(step, eos_bbsz_idx, eos_scores, tokens, scores, attn, src_lengths,
-                                       finalized, finished, sent_ids, k, max_len, lenpen)
-            remaining -= len(newly_finished)
-        if remaining == 0 or step >= max_len:
-            if step_hook is not None:
-                step_hook(step)
-            break
+        eos_mask[:, :k][self.cands_to_ignore] = False
+        return _Candidates(cand_scores, cand_indices, torch.div(cand_flat, V, rounding_mode="floor"), eos_mask)
 
-        if newly_finished:
-            keep = torch.ones(bsz, dtype=torch.bool, device=device)
-            keep[newly_finished] = False
-            batch_idxs = keep.nonzero().squeeze(1)
-            bsz = batch_idxs.numel()
-            eos_mask, cand_beams = eos_mask[batch_idxs], cand_beams[batch_idxs]
-            cand_scores, cand_indices = cand_scores[batch_idxs], cand_indices[batch_idxs]
-            cands_to_ignore = cands_to_ignore[batch_idxs]
-            bbsz_offsets = bbsz_offsets[:bsz]
-            cand_bbsz_idx = cand_beams + bbsz_offsets
-            rows = (batch_idxs.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
-            scores, tokens, src_lengths = scores[rows], tokens[rows], src_lengths[rows]
-            if attn is not None:
-                attn = attn[rows]
-            sent_ids = sent_ids[batch_idxs]
-        else:
-            batch_idxs = None
+    def finalize_eos(self, step: int, cands: _Candidates) -> List[int]:
+        """Finalise the EOS candidates among the top ``k``; the batch rows of sentences now done."""
+        k = self.k
+        top_eos = cands.eos_mask[:, :k]
+        eos_bbsz_idx = (cands.beams + self.bbsz_offsets)[:, :k][top_eos]
+        if eos_bbsz_idx.numel() == 0:
+            return []
+        newly = self._finalize(step, eos_bbsz_idx, cands.scores[:, :k][top_eos])
+        self.remaining -= len(newly)
+        return newly
 
-        # The next beam: the first k candidates that are not EOS (nor ignored), in score order.
-        eos_mask[:, :k] = ~((~cands_to_ignore) & (~eos_mask[:, :k]))
-        active_mask = eos_mask.to(cand_offsets.dtype) * cand_size + cand_offsets[: eos_mask.shape[1]]
+    def _finalize(self, step: int, bbsz_idx: torch.Tensor, eos_scores: torch.Tensor) -> List[int]:
+        """Record the hypotheses ending in EOS at ``step``; return the batch rows of sentences now done."""
+        k, lenpen = self.k, self.options.lenpen
+        tokens_clone = self.tokens.index_select(0, bbsz_idx)[:, 1 : step + 2].clone()
+        tokens_clone[:, step] = EOS
+        pos_scores = self.scores.index_select(0, bbsz_idx)[:, : step + 1].clone()
+        pos_scores[:, step] = eos_scores
+        pos_scores[:, 1:] = pos_scores[:, 1:] - pos_scores[:, :-1]
+        norm_scores = eos_scores / (step + 1) ** lenpen
+        attn_clone = self.attn.index_select(0, bbsz_idx)[:, :, 1 : step + 2] if self.attn is not None else None
+        batch_rows = torch.div(bbsz_idx, k, rounding_mode="floor").tolist()
+        for i, row in enumerate(batch_rows):
+            sent = int(self.sent_ids[row])
+            if len(self.finalized[sent]) < k:
+                hypo = {"tokens": tokens_clone[i], "score": float(norm_scores[i]), "positional_scores": pos_scores[i]}
+                if attn_clone is not None:
+                    L = int(self.src_lengths[bbsz_idx[i]])
+                    hypo_attn = attn_clone[i][-L:]  # unpadded source (left padding), EOS included
+                    hypo["attention"] = hypo_attn
+                    hypo["alignment"] = hypo_attn.argmax(dim=0)
+                self.finalized[sent].append(hypo)
+        newly = []
+        for row in sorted(set(batch_rows)):
+            sent = int(self.sent_ids[row])
+            if not self.finished[sent] and (len(self.finalized[sent]) == k or step == self.max_len):
+                self.finished[sent] = True
+                newly.append(row)
+        return newly
+
+    def drop_sentences(self, done_rows: List[int]) -> torch.Tensor:
+        """Remove the finished sentences' rows from every buffer; the batch rows kept."""
+        k = self.k
+        keep = torch.ones(self.bsz, dtype=torch.bool, device=self.device)
+        keep[done_rows] = False
+        batch_idxs = keep.nonzero().squeeze(1)
+        self.bsz = batch_idxs.numel()
+        self.cands_to_ignore = self.cands_to_ignore[batch_idxs]
+        self.bbsz_offsets = self.bbsz_offsets[: self.bsz]
+        rows = (batch_idxs.unsqueeze(1) * k + torch.arange(k, device=self.device)).view(-1)
+        self.scores, self.tokens, self.src_lengths = self.scores[rows], self.tokens[rows], self.src_lengths[rows]
+        if self.attn is not None:
+            self.attn = self.attn[rows]
+        self.sent_ids = self.sent_ids[batch_idxs]
+        return batch_idxs
+
+    def advance(self, step: int, cands: _Candidates, batch_idxs: Optional[torch.Tensor]) -> None:
+        """The next beam: the first ``k`` candidates that are not EOS (nor ignored), in score order;
+        the buffers and the decoder state follow their parents."""
+        k, cand_size = self.k, self.cand_size
+        eos_mask = cands.eos_mask
+        eos_mask[:, :k] = ~((~self.cands_to_ignore) & (~eos_mask[:, :k]))
+        active_mask = eos_mask.to(self.cand_offsets.dtype) * cand_size + self.cand_offsets[: eos_mask.shape[1]]
         new_ignore, active_hypos = torch.topk(active_mask, k=k, dim=1, largest=False)
-        cands_to_ignore = new_ignore.ge(cand_size)[:, :k]
-        active_bbsz_idx = torch.gather(cand_bbsz_idx, 1, active_hypos).view(-1)
-        active_scores = torch.gather(cand_scores, 1, active_hypos)
+        self.cands_to_ignore = new_ignore.ge(cand_size)[:, :k]
+        active_bbsz_idx = torch.gather(cands.beams + self.bbsz_offsets, 1, active_hypos).view(-1)
+        active_scores = torch.gather(cands.scores, 1, active_hypos)
 
-        tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, active_bbsz_idx)
-        tokens.view(bsz, k, -1)[:, :, step + 1] = torch.gather(cand_indices, 1, active_hypos)
+        self.tokens[:, : step + 1] = self.tokens[:, : step + 1].index_select(0, active_bbsz_idx)
+        self.tokens.view(self.bsz, k, -1)[:, :, step + 1] = torch.gather(cands.indices, 1, active_hypos)
         if step > 0:
-            scores[:, :step] = scores[:, :step].index_select(0, active_bbsz_idx)
-        scores.view(bsz, k, -1)[:, :, step] = active_scores
-        if attn is not None:
-            attn[:, :, : step + 2] = attn[:, :, : step + 2].index_select(0, active_bbsz_idx)
+            self.scores[:, :step] = self.scores[:, :step].index_select(0, active_bbsz_idx)
+        self.scores.view(self.bsz, k, -1)[:, :, step] = active_scores
+        if self.attn is not None:
+            self.attn[:, :, : step + 2] = self.attn[:, :, : step + 2].index_select(0, active_bbsz_idx)
 
         # The decoder state still has the rows of before any sentence was dropped: map the
         # parents back to that numbering, and keep only the live sentences' encoder outputs.
@@ -262,93 +372,59 @@ def _beam_search(model, src, beam, max_len_a, max_len_b, min_len, lenpen, unkpen
         if batch_idxs is not None:
             sentence_of_row = torch.div(active_bbsz_idx, k, rounding_mode="floor")
             parents = active_bbsz_idx + (batch_idxs[sentence_of_row] - sentence_of_row) * k
-        state.reorder(parents, sentence_index=batch_idxs)
-        if step_hook is not None:
-            step_hook(step)
-
-    for hyps in finalized:
-        hyps.sort(key=lambda h: h["score"], reverse=True)
-    return finalized
+        self.state.reorder(parents, sentence_index=batch_idxs)
 
 
-def _finalize(step, bbsz_idx, eos_scores, tokens, scores, attn, src_lengths, finalized, finished, sent_ids, k,
-              max_len, lenpen) -> List[int]:
-    """Record the hypotheses ending in EOS at ``step``; return the batch rows of sentences now done."""
-    tokens_clone = tokens.index_select(0, bbsz_idx)[:, 1 : step + 2].clone()
-    tokens_clone[:, step] = EOS
-    pos_scores = scores.index_select(0, bbsz_idx)[:, : step + 1].clone()
-    pos_scores[:, step] = eos_scores
-    pos_scores[:, 1:] = pos_scores[:, 1:] - pos_scores[:, :-1]
-    norm_scores = eos_scores / (step + 1) ** lenpen
-    attn_clone = attn.index_select(0, bbsz_idx)[:, :, 1 : step + 2] if attn is not None else None
-    batch_rows = torch.div(bbsz_idx, k, rounding_mode="floor").tolist()
-    for i, row in enumerate(batch_rows):
-        sent = int(sent_ids[row])
-        if len(finalized[sent]) < k:
-            hypo = {"tokens": tokens_clone[i], "score": float(norm_scores[i]), "positional_scores": pos_scores[i]}
-            if attn_clone is not None:
-                L = int(src_lengths[bbsz_idx[i]])
-                hypo_attn = attn_clone[i][-L:]  # unpadded source (left padding), EOS included
-                hypo["attention"] = hypo_attn
-                hypo["alignment"] = hypo_attn.argmax(dim=0)
-            finalized[sent].append(hypo)
-    newly = []
-    for row in sorted(set(batch_rows)):
-        sent = int(sent_ids[row])
-        if not finished[sent] and (len(finalized[sent]) == k or step == max_len):
-            finished[sent] = True
-            newly.append(row)
-    return newly
+def _vocab_subset(model: ConvS2SModel, shortlist, src: torch.Tensor, k: int):
+    """The output layer restricted to the shortlist's candidates for this batch."""
+    from .shortlist import VocabSubset
+
+    ids = shortlist.candidates(src)
+    if ids.numel() < 2 * k + 1:
+        raise GenerationError(f"the shortlist leaves {ids.numel()} target words for this batch; beam {k} needs "
+                              f"at least {2 * k + 1} (raise --shortlist-top)")
+    return VocabSubset(model.decoder.fc3, ids)
 
 
 @torch.no_grad()
 def greedy(model: ConvS2SModel, sources: Sequence[Sequence[int]], *, max_len_a: float = 0.0, max_len_b: int = 200,
            min_len: int = 1, lenpen: float = 1.0, unkpen: float = 0.0, batch_size: int = 128) -> List[dict]:
-    """Greedy decoding (argmax each step), written independently of the beam search.
+    """Greedy decoding (argmax each step): its own loop, independent of the beam search's
+    candidate and beam bookkeeping; only the per-step rules (:func:`_apply_rules`) are shared.
 
     Returns one hypothesis dict per source (same fields as :func:`generate`), in input order.
     """
-    was_training = model.training
-    model.eval()
-    try:
-        max_pos = min(model.max_positions())
-        srcs = _check_sources(sources, model.src_vocab_size, max_pos)
+    options = _SearchOptions(1, max_len_a, max_len_b, min_len, lenpen, unkpen)
+    with _sources_in_batches(model, sources, batch_size) as (srcs, batches):
         results: List[Optional[dict]] = [None] * len(srcs)
-        device = next(model.parameters()).device
-        for idx in length_batches([len(s) for s in srcs], batch_size):
-            src = torch.tensor([srcs[i] for i in idx], dtype=torch.long, device=device)
-            B, S = src.shape
-            max_len = min(int(max_len_a * S + max_len_b), model.decoder.max_positions - 1)
-            state = model.init_decoder_state(model.encode(src), 1)
-            prev = torch.full((B,), EOS, dtype=torch.long, device=device)
-            out_tokens: List[List[int]] = [[] for _ in range(B)]
-            out_scores: List[List[float]] = [[] for _ in range(B)]
-            done = torch.zeros(B, dtype=torch.bool, device=device)
-            for step in range(max_len + 1):
-                lprobs = torch.log_softmax(model.decode_step(prev, state)[0].float(), dim=-1)
-                lprobs[:, PAD] = float("-inf")
-                lprobs[:, UNK] -= unkpen
-                if step >= max_len:
-                    keep = lprobs[:, EOS].clone()
-                    lprobs.fill_(float("-inf"))
-                    lprobs[:, EOS] = keep
-                elif step < min_len:
-                    lprobs[:, EOS] = float("-inf")
-                best, tok = lprobs.max(dim=-1)
-                for b in (~done).nonzero().squeeze(1).tolist():
-                    out_tokens[b].append(int(tok[b]))
-                    out_scores[b].append(float(best[b]))
-                done |= tok.eq(EOS)
-                if bool(done.all()):
-                    break
-                prev = tok
-            for b, i in enumerate(idx):
-                pos = torch.tensor(out_scores[b])
-                results[i] = {
-                    "tokens": torch.tensor(out_tokens[b]),
-                    "score": float(pos.sum() / len(out_tokens[b]) ** lenpen),
-                    "positional_scores": pos,
-                }
+        for idx, src in batches:
+            for i, hypo in zip(idx, _greedy_batch(model, src, options)):
+                results[i] = hypo
         return results  # type: ignore[return-value]
-    finally:
-        model.train(was_training)
+
+
+def _greedy_batch(model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions) -> List[dict]:
+    B, S = src.shape
+    max_len = options.max_len(model, S)
+    state = model.init_decoder_state(model.encode(src), 1)
+    prev = torch.full((B,), EOS, dtype=torch.long, device=src.device)
+    out_tokens: List[List[int]] = [[] for _ in range(B)]
+    out_scores: List[List[float]] = [[] for _ in range(B)]
+    done = torch.zeros(B, dtype=torch.bool, device=src.device)
+    for step in range(max_len + 1):
+        lprobs = torch.log_softmax(model.decode_step(prev, state)[0].float(), dim=-1)
+        _apply_rules(lprobs, step, max_len, options.min_len, options.unkpen)
+        best, tok = lprobs.max(dim=-1)
+        for b in (~done).nonzero().squeeze(1).tolist():
+            out_tokens[b].append(int(tok[b]))
+            out_scores[b].append(float(best[b]))
+        done |= tok.eq(EOS)
+        if bool(done.all()):
+            break
+        prev = tok
+    hypos = []
+    for tokens, scores in zip(out_tokens, out_scores):
+        pos = torch.tensor(scores)
+        hypos.append({"tokens": torch.tensor(tokens), "score": float(pos.sum() / len(tokens) ** options.lenpen),
+                      "positional_scores": pos})
+    return hypos

@@ -3,6 +3,11 @@
 Weight normalisation (Salimans & Kingma 2016) is kept as explicit ``weight_g`` / ``weight_v``
 parameters, exactly as fairseq's state dicts hold them, and can be folded into a plain
 ``weight`` for inference (:meth:`WeightNormed.fold_weight_norm`).
+
+``backend`` means what it means for every ``convs2s_kernels`` op: a backend request, where None
+is the dispatcher's default (``CONVS2S_KERNELS_BACKEND``, else ``auto``). A linear layer has one
+more choice, :data:`NO_DISPATCH` (its default): plain ``F.linear`` with autograd and the float
+weights, which the full-sequence forward (training, scoring) uses; decoding steps pass a request.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ import torch.nn.functional as F
 import convs2s_kernels as ck
 
 SQRT_HALF = math.sqrt(0.5)
+
+# Linear layers only: no dispatch, plain PyTorch (never the int8 weights of a decoding step).
+NO_DISPATCH = "no-dispatch"
 
 
 class WeightNormed(nn.Module):
@@ -126,8 +134,10 @@ class Linear(WeightNormed):
         self._init_weight_norm(v, dim=0, enabled=weight_norm)
         self.bias = nn.Parameter(torch.zeros(out_features))
 
-    def forward(self, x: torch.Tensor, backend: Optional[str] = None) -> torch.Tensor:
-        if backend is None:
+    def forward(self, x: torch.Tensor, backend: Optional[str] = NO_DISPATCH) -> torch.Tensor:
+        """``x W^T + b``: plain ``F.linear`` (``NO_DISPATCH``), or the dispatched ``linear`` op for a
+        backend request (None: the dispatcher's default), int8 weights when decoding with them."""
+        if backend == NO_DISPATCH:
             return F.linear(x, self.effective_weight(), self.bias)
         quantized = self.int8_weight()
         if quantized is not None:
@@ -177,7 +187,7 @@ class ConvTBCWeight(WeightNormed):
         if parents is not None:
             state = state.index_select(0, parents)
         window = torch.cat([state, x.unsqueeze(1)], dim=1)
-        pre = ck.linear_int8(window.flatten(1), *quantized, self.bias, backend=backend or "auto")
+        pre = ck.linear_int8(window.flatten(1), *quantized, self.bias, backend=backend)
         return F.glu(pre, dim=-1), window[:, 1:]
 
 
@@ -239,12 +249,13 @@ def conv_stack(spec: Sequence[tuple], dropout: float, weight_norm: bool = True):
     return projections, convolutions
 
 
-def apply_linear(module: nn.Module, x: torch.Tensor, backend: Optional[str] = None) -> torch.Tensor:
-    """``module(x)``, through the fused-op dispatcher when ``backend`` is given (decoding steps)."""
-    return module(x, backend) if isinstance(module, Linear) and backend is not None else module(x)
+def apply_linear(module: nn.Module, x: torch.Tensor, backend: Optional[str] = NO_DISPATCH) -> torch.Tensor:
+    """``module(x, backend)`` for a :class:`Linear`; a plain ``nn.Linear`` (fairseq's tied output
+    layer) always runs ``module(x)``."""
+    return module(x, backend) if isinstance(module, Linear) else module(x)
 
 
-def residual_input(residuals: list, projection, r: int, backend: Optional[str] = None):
+def residual_input(residuals: list, projection, r: int, backend: Optional[str] = NO_DISPATCH):
     """The residual of a layer: the output ``r`` layers back, projected when widths differ."""
     if r == 0:
         return None

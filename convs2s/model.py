@@ -9,10 +9,11 @@ import torch.nn as nn
 
 import convs2s_kernels as ck
 
-from .architectures import ConvS2SConfig, get_config
+from .architectures import ConfigError, ConvS2SConfig, get_config
 from .decoder import Decoder, DecoderState
-from .encoder import PAD, Encoder, EncoderOut
+from .encoder import Encoder, EncoderOut
 from .layers import WeightNormed
+from .special_tokens import NUM_SPECIALS
 
 
 class ConvS2SModel(nn.Module):
@@ -30,9 +31,9 @@ class ConvS2SModel(nn.Module):
 
     def __init__(self, cfg: ConvS2SConfig, src_vocab_size: int, tgt_vocab_size: int, weight_norm: bool = True):
         super().__init__()
-        if src_vocab_size <= PAD + 3 or tgt_vocab_size <= PAD + 3:
-            raise ValueError(
-                f"vocabularies need more than the 4 special symbols, got {src_vocab_size} and {tgt_vocab_size}"
+        if src_vocab_size <= NUM_SPECIALS or tgt_vocab_size <= NUM_SPECIALS:
+            raise ConfigError(
+                f"vocabularies need more than the {NUM_SPECIALS} special symbols, got {src_vocab_size} and {tgt_vocab_size}"
             )
         self.cfg = cfg
         self.encoder = Encoder(cfg, src_vocab_size, weight_norm)
@@ -71,7 +72,7 @@ class ConvS2SModel(nn.Module):
         if backend in (None, "auto"):
             self.backend = None
         else:
-            ck.dispatch.requested_backends(backend)  # validates the names
+            ck.requested_backends(backend)  # validates the names
             self.backend = backend if backend == "reference" else f"{backend},reference"
         return self
 

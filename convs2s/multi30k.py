@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterable, List, Union
 
+from .atomic import atomic_open
 from .data import DataError
 
 URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
@@ -18,20 +19,21 @@ LANGS = ("en", "de", "fr")
 
 
 def _fetch(source: str, dest: Path) -> None:
-    tmp = dest.with_name(dest.name + ".part")
+    """Copy ``source`` (a URL or a local file) to ``dest`` atomically, once it reads as whole gzip."""
     try:
-        if "://" in source:
-            with urllib.request.urlopen(source, timeout=60) as resp, open(tmp, "wb") as out:
-                shutil.copyfileobj(resp, out)
-        else:
-            shutil.copyfile(source, tmp)
-        with gzip.open(tmp, "rb") as f:  # a truncated or HTML error page fails here, not in training
-            while f.read(1 << 20):
-                pass
+        with atomic_open(dest) as out:
+            if "://" in source:
+                with urllib.request.urlopen(source, timeout=60) as resp:
+                    shutil.copyfileobj(resp, out)
+            else:
+                with open(source, "rb") as src:
+                    shutil.copyfileobj(src, out)
+            out.flush()
+            with gzip.open(out.name, "rb") as f:  # a truncated or HTML error page fails here, not in training
+                while f.read(1 << 20):
+                    pass
     except (urllib.error.URLError, OSError, EOFError) as exc:
-        tmp.unlink(missing_ok=True)
         raise DataError(f"could not fetch {source}: {exc}") from None
-    os.replace(tmp, dest)
 
 
 def download(out_dir: Union[str, os.PathLike], langs: Iterable[str] = ("en", "de"),

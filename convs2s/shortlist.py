@@ -23,8 +23,7 @@ import convs2s_kernels as ck
 
 from .data import DataError, iter_lines
 from .dictionary import Dictionary
-
-NUM_SPECIALS = 4  # <s>, <pad>, </s>, <unk>: always candidates
+from .special_tokens import NUM_SPECIALS  # <s>, <pad>, </s>, <unk>: always candidates
 
 
 class Shortlist:
@@ -32,7 +31,7 @@ class Shortlist:
 
     def __init__(self, table: Dict[int, Sequence[int]], tgt_vocab_size: int, top: int = 100):
         if top < 0:
-            raise ValueError(f"top must be >= 0, got {top}")
+            raise DataError(f"the shortlist's top (--shortlist-top) must be >= 0, got {top}")
         self.tgt_vocab_size = tgt_vocab_size
         self.table = {s: torch.as_tensor(sorted(set(t)), dtype=torch.long) for s, t in table.items() if t}
         self.always = torch.arange(min(tgt_vocab_size, NUM_SPECIALS + top))

@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -30,18 +31,46 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .atomic import atomic_torch_save, atomic_write_bytes
+from .atomic import append_line, atomic_torch_save, atomic_write_bytes
 from .data import DataError, DataFolder, TokenDataset, batch_by_tokens, collate, open_data_folder, perplexity
-from .encoder import PAD
+from .errors import Convs2sError
 from .fairseq_io import CheckpointError, fairseq_checkpoint, read_checkpoint
 from .model import ConvS2SModel, build_model
+from .special_tokens import PAD
 
 TRAIN_STATE_KEY = "convs2s_train"
 FORMAT_VERSION = 1
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss or the gradient norm stopped being finite."""
+class TrainingDiverged(Convs2sError, RuntimeError):
+    """The loss or the gradient norm stopped being finite: the run's settings (--lr, --clip-norm,
+    --bf16) do not train this data. ``convs2s train`` names the last good checkpoint and exits 3."""
+
+
+class StopKind(str, Enum):
+    """Why a run stopped (a string, so a summary holding it stays JSON-serialisable)."""
+
+    MIN_LR = "min-lr"  # the annealed learning rate fell below --min-lr: training is finished
+    MAX_EPOCH = "max-epoch"
+    MAX_UPDATE = "max-update"
+    MAX_TIME = "max-time"
+    SIGNAL = "signal"  # SIGINT or SIGTERM: stopped after the update in progress
+
+
+@dataclass(frozen=True)
+class StopReason:
+    """Why :meth:`Trainer.train` stopped: callers test ``kind``, people read ``message``."""
+
+    kind: StopKind
+    message: str  # what the log prints, e.g. "reached --max-update 170"
+
+    def __str__(self) -> str:
+        return self.message
+
+    @property
+    def mid_epoch(self) -> bool:
+        """A stop between validations: checkpoint_last.pt is written to resume from exactly here."""
+        return self.kind in (StopKind.MAX_UPDATE, StopKind.MAX_TIME, StopKind.SIGNAL)
 
 
 @dataclass
@@ -304,8 +333,7 @@ class Trainer:
     def _write_log(self, record: dict) -> None:
         if self.info.is_main:
             self.save_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.log_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            append_line(self.log_path, json.dumps(record))
 
     def _after_validation(self, valid_nll: Optional[float], epochs_done: float) -> None:
         p = self.progress
@@ -341,17 +369,22 @@ class Trainer:
                 pass
         return previous
 
-    def _done(self) -> Optional[str]:
+    def _done(self) -> Optional[StopReason]:
         c, p = self.cfg, self.progress
         if p.lr < c.min_lr:
-            return f"learning rate {p.lr:g} fell below --min-lr {c.min_lr:g}"
+            return StopReason(StopKind.MIN_LR, f"learning rate {p.lr:g} fell below --min-lr {c.min_lr:g}")
         if c.max_update and p.num_updates >= c.max_update:
-            return f"reached --max-update {c.max_update}"
+            return StopReason(StopKind.MAX_UPDATE, f"reached --max-update {c.max_update}")
         if c.max_epoch and p.epoch > c.max_epoch:
-            return f"finished --max-epoch {c.max_epoch}"
+            return StopReason(StopKind.MAX_EPOCH, f"finished --max-epoch {c.max_epoch}")
         if c.max_time_minutes and p.train_seconds >= c.max_time_minutes * 60:
-            return f"reached --max-time {c.max_time_minutes:g} min"
+            return StopReason(StopKind.MAX_TIME, f"reached --max-time {c.max_time_minutes:g} min")
         return None
+
+    def _done_or_signalled(self) -> Optional[StopReason]:
+        if self._stop_signal:
+            return self._done() or StopReason(StopKind.SIGNAL, f"stopped by {self._stop_signal}")
+        return self._done()
 
     def _snapshots(self) -> None:
         p = self.progress
@@ -361,10 +394,8 @@ class Trainer:
                 self.save(f"checkpoint_{m:g}min.pt")
                 self.log(f"snapshot at {m:g} min: {self.save_dir / f'checkpoint_{m:g}min.pt'}")
 
-    def train(self, resume: bool = False, progress_bar: Optional[bool] = None) -> dict:
-        """Run until a stopping rule fires; returns a summary (reason, updates, best ppl)."""
-        from tqdm.auto import tqdm
-
+    def _start(self, resume: bool) -> None:
+        """Resume from checkpoint_last.pt (with ``resume``) or refuse to overwrite it; log the setup."""
         c = self.cfg
         last = self.save_dir / "checkpoint_last.pt"
         if resume and last.is_file():
@@ -378,59 +409,107 @@ class Trainer:
         self.log(f"{c.arch}: {n_params:,} parameters; {len(self.train_set)} training pairs; "
                  f"{self.info.world_size} process(es) x update-freq {c.update_freq}; "
                  f"{'bf16 autocast' if c.bf16 else 'fp32'} on {self.device}, {torch.get_num_threads()} threads")
+
+    def _epoch_bar(self, n_groups: int, progress_bar: Optional[bool]):
+        from tqdm.auto import tqdm
+
+        p = self.progress
+        hidden = not self.info.is_main or progress_bar is False or (progress_bar is None and not sys.stderr.isatty())
+        return tqdm(total=n_groups, initial=p.next_group, desc=f"epoch {p.epoch}", unit="upd", disable=hidden,
+                    leave=False)
+
+    def _timed_step(self, groups: List[List[List[int]]]) -> dict:
+        """One update: the epoch's next group, its time added to the training time."""
+        p = self.progress
+        per_update = self.info.world_size * self.cfg.update_freq
+        t0 = time.perf_counter()
+        stats = self.train_step(groups[p.next_group], p.epoch, p.next_group * per_update)
+        p.next_group += 1
+        p.train_seconds += time.perf_counter() - t0
+        return stats
+
+    def _report(self, window: "_Window", bar) -> "_Window":
+        """Show the window's averages on the bar; every --log-interval updates write them to
+        train_log.jsonl and start a new window."""
+        p = self.progress
+        tok_s = window.ntokens / max(time.perf_counter() - window.t0, 1e-9)
+        loss = window.loss / window.ntokens
+        ppl = perplexity(window.nll / window.ntokens)
+        bar.set_postfix(loss=f"{loss:.3f}", ppl=f"{ppl:.2f}", tok_s=f"{tok_s:.0f}", lr=f"{p.lr:g}", refresh=False)
+        bar.update(1)
+        if window.n < self.cfg.log_interval:
+            return window
+        self._write_log(dict(kind="train", epoch=p.epoch, update=p.num_updates, loss=loss, ppl=ppl, tok_s=tok_s,
+                             lr=p.lr, gnorm=window.gnorm / window.n, train_minutes=p.train_seconds / 60))
+        return _Window()
+
+    def _validate_or_save(self, n_groups: int) -> None:
+        """--validate-interval / --save-interval after an update (validation once per epoch otherwise)."""
+        c, p = self.cfg, self.progress
+        if c.validate_interval_updates and p.num_updates % c.validate_interval_updates == 0:
+            self._after_validation(self.validate(), p.epoch - 1 + p.next_group / n_groups)
+        elif c.save_interval_updates and p.num_updates % c.save_interval_updates == 0:
+            self.save("checkpoint_last.pt")
+
+    def _run_epoch(self, progress_bar: Optional[bool]) -> Optional[StopReason]:
+        """Updates until the epoch ends or a stopping rule fires; validates at the epoch's end."""
+        p = self.progress
+        groups = self.epoch_groups(p.epoch)
+        bar = self._epoch_bar(len(groups), progress_bar)
+        window = _Window()
+        reason = None
+        while p.next_group < len(groups) and reason is None:
+            window.add(self._timed_step(groups))
+            window = self._report(window, bar)
+            self._snapshots()
+            self._validate_or_save(len(groups))
+            reason = self._done_or_signalled()
+        bar.close()
+        if p.next_group >= len(groups):  # epoch finished
+            p.epoch += 1
+            p.next_group = 0
+            if not self.cfg.validate_interval_updates:
+                self._after_validation(self.validate(), p.epoch - 1)
+            reason = self._done() or reason
+        return reason
+
+    def train(self, resume: bool = False, progress_bar: Optional[bool] = None) -> dict:
+        """Run until a stopping rule fires; returns a summary: ``reason`` (the message), ``stop``
+        (its :class:`StopKind`), ``updates``, ``best_valid_ppl``, ``epoch``."""
+        self._start(resume)
         previous = self._install_signal_handlers()
         reason = self._done()
         try:
             while reason is None:
-                p = self.progress
-                groups = self.epoch_groups(p.epoch)
-                per_update = self.info.world_size * c.update_freq
-                bar = tqdm(total=len(groups), initial=p.next_group, desc=f"epoch {p.epoch}", unit="upd",
-                           disable=not self.info.is_main or (progress_bar is False)
-                           or (progress_bar is None and not sys.stderr.isatty()), leave=False)
-                window = dict(loss=0.0, nll=0.0, ntokens=0, t0=time.perf_counter(), n=0, gnorm=0.0)
-                while p.next_group < len(groups) and reason is None:
-                    t0 = time.perf_counter()
-                    stats = self.train_step(groups[p.next_group], p.epoch, p.next_group * per_update)
-                    p.next_group += 1
-                    p.train_seconds += time.perf_counter() - t0
-                    for k in ("loss", "nll", "gnorm"):
-                        window[k] += stats[k] * (stats["ntokens"] if k != "gnorm" else 1)
-                    window["ntokens"] += stats["ntokens"]
-                    window["n"] += 1
-                    tok_s = window["ntokens"] / max(time.perf_counter() - window["t0"], 1e-9)
-                    loss = window["loss"] / window["ntokens"]
-                    ppl = perplexity(window["nll"] / window["ntokens"])
-                    bar.set_postfix(loss=f"{loss:.3f}", ppl=f"{ppl:.2f}", tok_s=f"{tok_s:.0f}", lr=f"{p.lr:g}",
-                                    refresh=False)
-                    bar.update(1)
-                    if window["n"] >= c.log_interval:
-                        self._write_log(dict(kind="train", epoch=p.epoch, update=p.num_updates, loss=loss, ppl=ppl,
-                                             tok_s=tok_s, lr=p.lr, gnorm=window["gnorm"] / window["n"],
-                                             train_minutes=p.train_seconds / 60))
-                        window = dict(loss=0.0, nll=0.0, ntokens=0, t0=time.perf_counter(), n=0, gnorm=0.0)
-                    self._snapshots()
-                    if c.validate_interval_updates and p.num_updates % c.validate_interval_updates == 0:
-                        self._after_validation(self.validate(), p.epoch - 1 + p.next_group / len(groups))
-                    elif c.save_interval_updates and p.num_updates % c.save_interval_updates == 0:
-                        self.save("checkpoint_last.pt")
-                    reason = self._done() or (f"stopped by {self._stop_signal}" if self._stop_signal else None)
-                bar.close()
-                if p.next_group >= len(groups):  # epoch finished
-                    p.epoch += 1
-                    p.next_group = 0
-                    if not c.validate_interval_updates:
-                        self._after_validation(self.validate(), p.epoch - 1)
-                    reason = self._done() or reason
-            if reason and (reason.startswith("stopped") or reason.startswith("reached --max")):
+                reason = self._run_epoch(progress_bar)
+            if reason.mid_epoch:
                 self.save("checkpoint_last.pt")  # keep the exact position for --resume
         finally:
             for sig, h in previous.items():
                 signal.signal(sig, h)
-        self.log(f"done: {reason}; {self.progress.num_updates} updates, best valid ppl "
-                 f"{perplexity(self.progress.best_valid_nll):.3f}")
-        return dict(reason=reason, updates=self.progress.num_updates,
-                    best_valid_ppl=perplexity(self.progress.best_valid_nll), epoch=self.progress.epoch)
+        p = self.progress
+        self.log(f"done: {reason}; {p.num_updates} updates, best valid ppl {perplexity(p.best_valid_nll):.3f}")
+        return dict(reason=reason.message, stop=reason.kind, updates=p.num_updates,
+                    best_valid_ppl=perplexity(p.best_valid_nll), epoch=p.epoch)
+
+
+@dataclass
+class _Window:
+    """Sums over the updates since the last train_log.jsonl record."""
+
+    loss: float = 0.0  # token-weighted
+    nll: float = 0.0
+    gnorm: float = 0.0
+    ntokens: int = 0
+    n: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+
+    def add(self, stats: dict) -> None:
+        self.loss += stats["loss"] * stats["ntokens"]
+        self.nll += stats["nll"] * stats["ntokens"]
+        self.gnorm += stats["gnorm"]
+        self.ntokens += stats["ntokens"]
+        self.n += 1
 
 
 def _as_tuple(obj):

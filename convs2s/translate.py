@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
 
 from .dictionary import Dictionary
+from .errors import Convs2sError
 from .generate import generate
+from .special_tokens import UNK_SYMBOL
 
-UNK_SYMBOL = "<unk>"
 
-
-class InputError(ValueError):
-    pass
+class InputError(Convs2sError):
+    """Text input (a line, the unknown-word dictionary) that cannot be translated, with where it is."""
 
 
 def read_lines(path: Optional[str]) -> Iterator[Tuple[int, str]]:

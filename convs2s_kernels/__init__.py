@@ -1,36 +1,36 @@
 """convs2s_kernels: fused kernels for ConvS2S (Gehring et al. 2017).
 
-Public ops (each takes ``backend=`` "auto" | "triton" | "cpp" | "reference"; the
-``CONVS2S_KERNELS_BACKEND`` environment variable sets the default):
+Public ops (each takes ``backend=`` "auto" | "triton" | "cpp" | "reference", or a preference list
+such as "cpp,reference"; ``None`` means "auto", whose default the ``CONVS2S_KERNELS_BACKEND``
+environment variable can set), one folder each under ``convs2s_kernels/ops/``:
 
 * :func:`conv_glu` — convolution (causal or centred) + GLU + bias + residual + scale;
 * :func:`attention_embsum` — softmax(q z^T) over source positions, values z + e, sqrt(s) scale;
 * :func:`conv_step` — one incremental decoding step with beam reorder of the conv state;
 * :func:`linear` — ``x @ weight.T + bias`` for the few rows of a decoding step;
-* :func:`linear_int8` — the same with int8 weights (:func:`quantize_int8`), for decoding.
+* :func:`linear_int8` — the same with int8 weights (:func:`quantize_int8`), for decoding;
+* :func:`decoder_step` — every decoder layer of one decoding step in one call.
 
-Their pure-PyTorch references are in :mod:`convs2s_kernels.reference` (``*_ref``).
+Each has a pure-PyTorch twin ``<op>_ref`` (also in :mod:`convs2s_kernels.reference`).
 """
 
+from . import extension  # noqa: F401  (the cpp backend's availability)
+from .dispatch import (BackendUnavailableError, Capability, available_backends, count_dispatches,
+                       requested_backends, selected_backend_name)
+from .dispatch import reasons as backend_reasons
+from .ops import (StepAttention, StepLayer, attention_embsum, attention_embsum_ref, conv_glu, conv_glu_ref,
+                  conv_step, conv_step_ref, decoder_step, decoder_step_ref, linear, linear_int8, linear_int8_ref,
+                  linear_ref, quantize_int8)
 from . import reference
-from . import _cpp  # noqa: F401  (registers the cpp backend, or records why it is missing)
-from . import _triton_probe  # noqa: F401  (records whether the triton backend can run)
-from .dispatch import BackendUnavailableError, available_backends, count_dispatches
-from .ops import attention_embsum, conv_glu, conv_step, linear, linear_int8
-from .reference import quantize_int8
+from . import triton_backend  # noqa: F401  (registers the Triton kernels, or records why they cannot run)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
-    "conv_glu",
-    "attention_embsum",
-    "conv_step",
-    "linear",
-    "linear_int8",
-    "quantize_int8",
-    "available_backends",
-    "count_dispatches",
-    "BackendUnavailableError",
-    "reference",
+    "conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8", "decoder_step",
+    "conv_glu_ref", "attention_embsum_ref", "conv_step_ref", "linear_ref", "linear_int8_ref", "decoder_step_ref",
+    "quantize_int8", "StepLayer", "StepAttention",
+    "available_backends", "backend_reasons", "requested_backends", "selected_backend_name", "count_dispatches",
+    "BackendUnavailableError", "Capability", "reference",
 ]

@@ -7,8 +7,9 @@ Backends, in priority order per device:
   proves the kernels correct but is far too slow for ``auto`` to pick it.
 * CUDA tensors: ``triton`` then ``reference``.
 
-A backend registers one implementation per op with a ``check`` that returns the reasons
-it cannot take these inputs (empty when it can). ``backend="auto"`` (the default, or the
+A backend registers one implementation per op with a :class:`Capability` (devices, dtypes per
+device, row limits, whether it has a backward) from which :func:`reasons` derives why it cannot
+take given inputs (empty when it can). ``backend="auto"`` (the default, or the
 ``CONVS2S_KERNELS_BACKEND`` environment variable) takes the first backend with no
 reasons; naming a backend that cannot run raises with its reasons listed.
 """
@@ -19,8 +20,8 @@ import logging
 import os
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -32,6 +33,46 @@ _log = logging.getLogger("convs2s_kernels")
 
 class BackendUnavailableError(RuntimeError):
     """An explicitly requested backend cannot run the given inputs."""
+
+
+@dataclass(frozen=True)
+class Capability:
+    """What one backend's implementation of an op accepts, declared rather than checked by hand.
+
+    ``dtypes`` maps each device type the implementation runs on to the dtypes it takes there;
+    ``rows`` bounds the rows of a 2-D activation (few-row decoding kernels); ``backward`` says
+    whether it has a gradient; ``extra`` lists any further refusals of particular arguments.
+    ``device_hint`` and ``dtype_hints`` explain the usual refusals in the user's terms.
+    """
+
+    dtypes: Mapping[str, Tuple[torch.dtype, ...]]
+    backward: bool = False
+    rows: Optional[Tuple[int, int]] = None
+    extra: Optional[Callable[..., List[str]]] = None
+    device_hint: str = ""
+    dtype_hints: Mapping[torch.dtype, str] = field(default_factory=dict)
+
+    def reasons(self, label: str, tensors: Sequence[Optional[torch.Tensor]], *args, **kwargs) -> List[str]:
+        """Why ``label`` (e.g. ``"cpp linear"``) cannot take these inputs; ``tensors[0]`` is the
+        activation (its device, dtype and rows decide), the rest are checked for gradients."""
+        x = tensors[0]
+        allowed = self.dtypes.get(x.device.type)
+        if allowed is None:
+            where = " or ".join(d.upper() for d in self.dtypes)
+            return [f"{label} runs {where} tensors, got {x.device.type}{self.device_hint}"]
+        why = []
+        if x.dtype not in allowed:
+            why.append(self.dtype_hints.get(x.dtype) or
+                       f"{label} takes {', '.join(str(d) for d in allowed)} on {x.device.type}, got {x.dtype}")
+        if self.rows is not None and (x.dim() != 2 or not self.rows[0] <= x.shape[0] <= self.rows[1]):
+            why.append(f"{label} takes {self.rows[0]}..{self.rows[1]} rows of a 2-D input (decoding), "
+                       f"got shape {tuple(x.shape)}")
+        if not self.backward and torch.is_grad_enabled() and any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+            why.append(f"{label} has no backward; inputs require grad")
+        if self.extra is not None:
+            why.extend(self.extra(*args, **kwargs))
+        return why
 
 
 @dataclass(frozen=True)
@@ -68,14 +109,21 @@ def note_dispatch(op: str, backend: str) -> None:
         counts[(op, backend)] += 1
 
 
-def register(backend: str, op: str, check: Optional[Callable[..., List[str]]] = None):
-    """Decorator: ``fn`` implements ``op`` on ``backend``; ``check(*args, **kw)`` lists refusals."""
+def register(backend: str, op: str, fn: Callable, capability: Optional[Capability] = None,
+             tensors: Optional[Callable[..., Sequence]] = None) -> Callable:
+    """``fn`` implements ``op`` on ``backend``, taking what ``capability`` declares.
 
-    def deco(fn):
-        _REGISTRY[backend][op] = Impl(fn, check or (lambda *a, **k: []))
-        return fn
-
-    return deco
+    ``tensors(*args, **kwargs)`` picks the call's floating tensors, the activation first (each
+    op's module defines it once for all its backends). No capability: takes everything (the
+    reference).
+    """
+    if capability is None:
+        check = lambda *a, **k: []  # noqa: E731
+    else:
+        label = f"{backend} {op}"
+        check = lambda *a, **k: capability.reasons(label, tensors(*a, **k), *a, **k)  # noqa: E731
+    _REGISTRY[backend][op] = Impl(fn, check)
+    return fn
 
 
 def set_availability(backend: str, probe: Callable[[], Optional[str]]) -> None:
@@ -120,8 +168,6 @@ def reasons(backend: str, op: str, device: torch.device, *args, **kwargs) -> Lis
     impl = _REGISTRY[backend].get(op)
     if impl is None:
         return [f"{backend} has no implementation of {op}"]
-    if backend == "cpp" and device.type != "cpu":
-        return [f"cpp runs CPU tensors only, got {device.type}"]
     return impl.check(*args, **kwargs)
 
 

@@ -155,12 +155,10 @@ def report() -> str:
         lines.append(f"triton {triton.__version__}")
     except ImportError:
         lines.append("triton: not installed")
-    try:
-        from . import _C
+    from .extension import small_gemm_isa
 
-        lines.append(f"cpp few-row kernels: {_C.small_gemm_isa()}")
-    except ImportError:
-        pass
+    if small_gemm_isa() is not None:
+        lines.append(f"cpp few-row kernels: {small_gemm_isa()}")
     lines.append("backends:")
     for name, why in ck.available_backends().items():
         lines.append(f"  {name:<9} {'available' if why is None else 'unavailable: ' + why}")

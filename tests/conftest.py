@@ -1,4 +1,5 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("CONVS2S_KERNELS_POISON", "1")
+
+# the op tests' shared harness (tests/ops/harness.py) is importable from every test module
+sys.path.insert(0, str(Path(__file__).resolve().parent / "ops"))
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("CONVS2S_SHARED", REPO.parent / "shared"))
@@ -26,6 +30,24 @@ def require_shared(path: Path) -> Path:
 @pytest.fixture
 def fixture_dir() -> Path:
     return require_shared(FIXTURE)
+
+
+@pytest.fixture(autouse=True)
+def _nan_poisoned_buffers(request):
+    """In the op tests (tests/ops/), every uninitialised buffer (``torch.empty`` here and
+    ``at::empty`` in the C++ kernels) starts as NaN, so an output element a kernel forgets to
+    write shows up; the Triton kernels' buffers are poisoned by ``CONVS2S_KERNELS_POISON``."""
+    if request.node.path.parent.name != "ops":
+        yield
+        return
+    import torch.utils.deterministic as det
+
+    was_on, was_fill = torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(was_on)
+    det.fill_uninitialized_memory = was_fill
 
 
 @pytest.fixture(autouse=True)

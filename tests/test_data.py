@@ -19,8 +19,9 @@ from convs2s.data import (
     read_parallel,
     train_joint_bpe,
 )
+from convs2s import atomic
 from convs2s.dictionary import Dictionary
-from convs2s.encoder import EOS, PAD
+from convs2s.special_tokens import EOS, NUM_SPECIALS, PAD, SYMBOLS
 
 
 def write(path, lines, gz=False):
@@ -99,8 +100,61 @@ def test_bpe_vocabulary_too_large_is_a_clear_error(tmp_path):
 
 def test_build_dictionary_orders_by_count_after_the_specials():
     d = build_dictionary([["b", "a", "b"], ["c", "b", "a"]])
-    assert d.symbols[:4] == ["<s>", "<pad>", "</s>", "<unk>"]
-    assert d.symbols[4:] == ["b", "a", "c"] and d.counts[4:] == [3, 2, 1]
+    assert d.symbols[:NUM_SPECIALS] == list(SYMBOLS) == ["<s>", "<pad>", "</s>", "<unk>"]
+    assert d.symbols[NUM_SPECIALS:] == ["b", "a", "c"] and d.counts[NUM_SPECIALS:] == [3, 2, 1]
+
+
+def test_an_interrupted_dictionary_save_leaves_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "dict.en.txt"
+    Dictionary(["a", "b"], [5, 3]).save(path)
+    before = path.read_bytes()
+
+    def killed(fd):  # the new text is written, not yet renamed over the old file
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic.os, "fsync", killed)
+    with pytest.raises(KeyboardInterrupt):
+        Dictionary(["x", "y", "z"]).save(path)
+    assert path.read_bytes() == before and Dictionary.load(path).symbols[NUM_SPECIALS:] == ["a", "b"]
+    assert [p.name for p in tmp_path.iterdir()] == ["dict.en.txt"], "no temporary file is left behind"
+
+
+def test_an_interrupted_checkpoint_write_leaves_the_old_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    atomic.atomic_torch_save({"step": torch.tensor(1)}, path)
+
+    def half_written(obj, f):
+        f.write(b"PK\x03\x04 half of a zip")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic.torch, "save", half_written)
+    with pytest.raises(KeyboardInterrupt):
+        atomic.atomic_torch_save({"step": torch.tensor(2)}, path)
+    assert torch.load(path, weights_only=True)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_append_line_adds_whole_lines(tmp_path):
+    log = tmp_path / "train_log.jsonl"
+    atomic.append_line(log, json.dumps({"update": 1}))
+    atomic.append_line(log, json.dumps({"update": 2}))
+    assert [json.loads(line)["update"] for line in log.read_text().splitlines()] == [1, 2]
+
+
+def test_every_input_error_is_a_convs2s_error():
+    """One family, so ``convs2s.cli.main`` reports any of them as one line (exit 2)."""
+    from convs2s.architectures import ConfigError, UnknownOptionError
+    from convs2s.dictionary import DictionaryFormatError
+    from convs2s.errors import Convs2sError
+    from convs2s.fairseq_io import CheckpointError
+    from convs2s.generate import GenerationError
+    from convs2s.train import TrainingDiverged
+    from convs2s.translate import InputError
+
+    for cls in (DataError, CheckpointError, InputError, DictionaryFormatError, ConfigError, UnknownOptionError,
+                GenerationError, TrainingDiverged):
+        assert issubclass(cls, Convs2sError) and issubclass(cls, ValueError), cls
+    assert issubclass(UnknownOptionError, TypeError) and issubclass(TrainingDiverged, RuntimeError)
 
 
 def test_token_dataset_appends_eos_and_round_trips():
@@ -161,7 +215,7 @@ def test_prepare_writes_a_fairseq_data_folder(tmp_path):
                      log=lambda *a: None)
     assert (tmp_path / "bin" / "spm.model").is_file()
     d = Dictionary.load(tmp_path / "bin" / "dict.de.txt")
-    assert d.symbols[:4] == ["<s>", "<pad>", "</s>", "<unk>"] and len(d) == len(folder.tgt_dict) > 10
+    assert d.symbols[:NUM_SPECIALS] == list(SYMBOLS) and len(d) == len(folder.tgt_dict) > 10
     meta = json.loads((tmp_path / "bin" / "meta.json").read_text())
     assert meta["stats"]["train"]["pairs"] == 300 and meta["stats"]["valid"]["pairs"] == 20
     assert meta["clean"]["valid"]["empty"] == 1
@@ -169,8 +223,8 @@ def test_prepare_writes_a_fairseq_data_folder(tmp_path):
     assert len(train) == 300 and int(train.tgt_tokens.max()) < len(d)
     # joint BPE, separate dictionaries: the target side is upper case, so each dictionary holds
     # only its own side's pieces
-    assert not any(c.isupper() for sym in folder.src_dict.symbols[4:] for c in sym)
-    assert not any(c.islower() for sym in folder.tgt_dict.symbols[4:] for c in sym)
+    assert not any(c.isupper() for sym in folder.src_dict.symbols[NUM_SPECIALS:] for c in sym)
+    assert not any(c.islower() for sym in folder.tgt_dict.symbols[NUM_SPECIALS:] for c in sym)
 
 
 def test_corrupt_dataset_file_is_reported(tmp_path):

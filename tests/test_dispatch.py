@@ -73,33 +73,30 @@ def test_cpp_disable_env(monkeypatch):
         assert dispatch.selected_backend_name("conv_step", torch.device("cpu"), None, *step_args()) == "reference"
 
 
-@pytest.mark.parametrize(
-    "call,match",
-    [
-        (lambda: ck.conv_glu(torch.randn(3, 4), torch.randn(3, 4, 6), causal=True), "x must have 3 dimensions"),
-        (lambda: ck.conv_glu(torch.randn(1, 3, 5), torch.randn(3, 4, 6), causal=True), "C_in = 4"),
-        (lambda: ck.conv_glu(torch.randn(1, 3, 4), torch.randn(3, 4, 5), causal=True), "even last dimension"),
-        (lambda: ck.conv_glu(torch.randn(1, 3, 4).double(), torch.randn(3, 4, 6), causal=True), "dtype"),
-        (lambda: ck.conv_glu(torch.randint(0, 3, (1, 3, 4)), torch.randn(3, 4, 6), causal=True), "floating-point"),
-        (lambda: ck.conv_glu(torch.randn(1, 3, 4), torch.randn(3, 4, 6), causal=True,
-                             pad_mask=torch.zeros(1, 3)), "bool"),
-        (lambda: ck.conv_glu(torch.randn(1, 3, 4), torch.randn(3, 4, 6), causal=True,
-                             residual=torch.randn(1, 3, 4)), "residual must have shape"),
-        (lambda: ck.attention_embsum(torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 4),
-                                     torch.tensor([0, 5])), r"src_lengths values must lie in \[1, 5\]"),
-        (lambda: ck.attention_embsum(torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 6, 4)),
-         "y must have shape"),
-        (lambda: ck.conv_step(torch.randn(2, 4), torch.randn(2, 1, 4), torch.randn(3, 4, 6)), "state must have shape"),
-        (lambda: ck.conv_step(torch.randn(3, 4), torch.randn(2, 2, 4), torch.randn(3, 4, 6)), "pass beam_index"),
-        (lambda: ck.conv_step(torch.randn(2, 4), torch.randn(2, 2, 4), torch.randn(3, 4, 6),
-                              beam_index=torch.tensor([0, 2])), r"beam_index values must lie in \[0, 1\]"),
-        (lambda: ck.conv_step(torch.randn(2, 4), torch.randn(2, 2, 4), torch.randn(3, 4, 6),
-                              beam_index=torch.tensor([0.0, 1.0])), "int32 or int64"),
-    ],
-)
-def test_bad_inputs_name_the_problem(call, match):
-    with pytest.raises((ValueError, TypeError), match=match):
-        call()
+def test_capability_derives_every_reason():
+    """One declaration gives the refusals: device, dtype, rows, gradients, and the extra check."""
+    cap = ck.Capability({"cpu": (torch.float32,)}, rows=(1, 4), extra=lambda x, w: ["w is odd"] if w.shape[0] % 2 else [])
+    ok = torch.randn(3, 5), torch.randn(6, 5)
+    assert cap.reasons("demo op", ok, *ok) == []
+    why = cap.reasons("demo op", (torch.randn(2, 5).double(),), torch.randn(2, 5), torch.randn(6, 5))
+    assert why == ["demo op takes torch.float32 on cpu, got torch.float64"]
+    why = cap.reasons("demo op", (torch.randn(9, 5),), torch.randn(9, 5), torch.randn(7, 5))
+    assert why == ["demo op takes 1..4 rows of a 2-D input (decoding), got shape (9, 5)", "w is odd"]
+    grad = torch.randn(2, 5, requires_grad=True)
+    assert cap.reasons("demo op", (grad,), grad, ok[1]) == ["demo op has no backward; inputs require grad"]
+    with torch.no_grad():
+        assert cap.reasons("demo op", (grad,), grad, ok[1]) == []
+    meta = torch.empty(2, 5, device="meta")
+    assert cap.reasons("demo op", (meta,), meta, ok[1]) == ["demo op runs CPU tensors, got meta"]
+
+
+def test_every_cpp_refusal_comes_from_its_capability():
+    cpu = torch.device("cpu")
+    x16 = torch.randn(2, 4).half()
+    assert ck.backend_reasons("cpp", "linear", cpu, x16, torch.randn(3, 4).half()) == [
+        "cpp linear takes torch.float32, torch.bfloat16 on cpu, got torch.float16"]
+    if ck.available_backends()["cpp"] is None:
+        assert ck.backend_reasons("cpp", "linear", cpu, torch.randn(8, 4), torch.randn(3, 4)) == []
 
 
 def test_count_dispatches_records_the_backend_that_ran_each_call():

@@ -241,6 +241,21 @@ def test_dictionary_problems(tmp_path):
         convs2s.load_fairseq(path)
 
 
+def test_cli_reports_a_malformed_dictionary_in_one_line(tmp_path, capsys):
+    from convs2s import cli
+    from convs2s.dictionary import DictionaryFormatError
+
+    path = small_checkpoint(tmp_path)
+    (tmp_path / "dict.en.txt").write_text("a 1\nb\n")
+    with pytest.raises(DictionaryFormatError):
+        convs2s.load_fairseq(path)
+    (tmp_path / "in.txt").write_text("a b\n")
+    assert cli.main(["translate", "--fairseq-checkpoint", str(path), "--input", str(tmp_path / "in.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "dict.en.txt:2: expected '<symbol> <count>'" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 class NotAllowed:
     pass
 

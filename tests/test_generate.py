@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import convs2s
-from convs2s.encoder import EOS, PAD
-from convs2s.generate import length_batches
+from convs2s.special_tokens import EOS, PAD
+from convs2s.generate import GenerationError, length_batches
 
 V_SRC, V_TGT = 30, 33
 
@@ -137,7 +137,7 @@ def test_length_batches():
     ],
 )
 def test_generate_bad_input(model, kwargs, srcs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(GenerationError, match=match):
         convs2s.generate(model, srcs, **kwargs)
 
 

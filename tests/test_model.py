@@ -7,8 +7,9 @@ import torch
 
 import convs2s
 import convs2s_kernels as ck
-from convs2s.architectures import ARCHITECTURES, parse_layer_spec
-from convs2s.encoder import EOS, PAD
+from convs2s.architectures import ARCHITECTURES, ConfigError, UnknownOptionError, parse_layer_spec
+from convs2s.special_tokens import EOS, PAD
+from harness import require_or_skip, required_backends
 
 V_SRC, V_TGT = 37, 41
 
@@ -239,14 +240,41 @@ def test_bad_model_inputs(make_input, match):
 
 
 def test_bad_configs():
-    with pytest.raises(ValueError, match="unknown architecture"):
+    with pytest.raises(ConfigError, match="unknown architecture"):
         convs2s.build_model("fconv_xx", 10, 10)
-    with pytest.raises(TypeError, match="unknown model options"):
+    with pytest.raises(UnknownOptionError, match="unknown model options"):
         convs2s.build_model("fconv_iwslt_de_en", 10, 10, encoder_dim=3)
-    with pytest.raises(ValueError, match="must equal decoder_embed_dim"):
+    with pytest.raises(ConfigError, match="decoder_attention must be a boolean or a list"):
+        convs2s.build_model("fconv_iwslt_de_en", 10, 10, decoder_attention="[True,")
+    with pytest.raises(ConfigError, match="must equal decoder_embed_dim"):
         convs2s.build_model("fconv_iwslt_de_en", 10, 10, encoder_embed_dim=128)
     with pytest.raises(ValueError, match="more than the 4 special symbols"):
         convs2s.build_model("fconv_iwslt_de_en", 4, 10)
+
+
+def test_backend_none_means_the_dispatchers_default_in_layers_as_in_the_ops(monkeypatch):
+    """None: the dispatcher's default (CONVS2S_KERNELS_BACKEND, else auto), for a Linear and a
+    convolution step as for every op; a Linear's own default, NO_DISPATCH, is plain F.linear."""
+    from convs2s.layers import NO_DISPATCH, ConvTBCWeight, Linear, apply_linear
+
+    torch.manual_seed(0)
+    lin, conv = Linear(16, 8), ConvTBCWeight(8, 16, 3)
+    x, x_t, state = torch.randn(2, 16), torch.randn(2, 8), torch.zeros(2, 2, 8)
+    monkeypatch.setenv("CONVS2S_KERNELS_BACKEND", "reference")
+    with torch.no_grad(), ck.count_dispatches() as counts:
+        plain = lin(x)
+        assert torch.equal(lin(x, NO_DISPATCH), plain) and torch.equal(apply_linear(lin, x), plain)
+        assert not counts, "NO_DISPATCH (the default) goes through no op"
+        torch.testing.assert_close(lin(x, None), plain)
+        apply_linear(lin, x, None)
+        conv.step(x_t, state, None, None)
+        assert counts == {("linear", "reference"): 2, ("conv_step", "reference"): 1}
+        counts.clear()
+        lin.use_int8 = conv.use_int8 = True  # int8 weights serve dispatched (decoding) calls only
+        assert torch.equal(lin(x), plain) and not counts
+        lin(x, None)
+        conv.step(x_t, state, None, None)
+        assert counts == {("linear_int8", "reference"): 2}
 
 
 def test_package_works_without_the_extension(tmp_path):
@@ -261,7 +289,7 @@ def test_package_works_without_the_extension(tmp_path):
         "assert why and 'could not be imported' in why and 'pip install' in why, why\n"
         "m = convs2s.build_model('fconv_iwslt_de_en', 20, 20).eval()\n"
         "out = convs2s.generate(m, [[5, 6, 7]], beam=2, max_len_b=3)\n"
-        "assert out[0][0]['tokens'][-1] == 2\n"
+        f"assert out[0][0]['tokens'][-1] == {EOS}\n"
         "print('OK', why)\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -282,6 +310,7 @@ def test_int8_decoding_is_close_to_fp32_and_equal_across_backends():
     per_backend = {}
     for backend in ("reference", "cpp"):
         if ck.available_backends()[backend] is not None:
+            assert backend not in required_backends(), ck.available_backends()[backend]
             continue
         model.use_backend(backend)
         per_backend[backend], _ = step_logits(model, src, prev)
@@ -300,8 +329,7 @@ def test_int8_decoding_is_close_to_fp32_and_equal_across_backends():
 def test_one_call_decoder_step_equals_the_layer_loop(variant):
     """The layers of a step in one C++ call give the Python loop's results exactly, through beam
     reorders and finished sentences leaving the batch."""
-    if ck.available_backends()["cpp"] is not None:
-        pytest.skip(f"cpp backend unavailable: {ck.available_backends()['cpp']}")
+    require_or_skip("cpp")
     model = small("custom", **CUSTOM).use_backend("cpp")
     if variant == "bf16":
         model.to(torch.bfloat16)

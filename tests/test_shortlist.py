@@ -7,6 +7,7 @@ import convs2s
 from convs2s.cli import main
 from convs2s.data import DataError
 from convs2s.dictionary import Dictionary
+from convs2s.generate import GenerationError
 from convs2s.shortlist import Shortlist
 
 from test_model import V_SRC, V_TGT, small
@@ -71,7 +72,7 @@ def test_greedy_path_inside_the_shortlist_is_kept_with_renormalised_scores():
 
 def test_too_small_a_shortlist_for_the_beam_is_an_error():
     model = small("fconv_iwslt_de_en")
-    with pytest.raises(ValueError, match="raise --shortlist-top"):
+    with pytest.raises(GenerationError, match="raise --shortlist-top"):
         convs2s.generate(model, SOURCES, beam=5, shortlist=Shortlist({}, V_TGT, top=2))
 
 

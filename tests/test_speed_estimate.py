@@ -1,13 +1,13 @@
-"""The full-set estimate (convs2s.speed_estimate): batches as the full run makes them, the
+"""The full-set estimate (convs2s_bench.estimate): batches as the full run makes them, the
 sample, the per-batch cost model and its leave-one-out uncertainty, on synthetic timings whose
 true total is known."""
 
 import pytest
 
 from convs2s.generate import length_batches
-from convs2s.speed_estimate import (SIZE_ANCHORS, TRUNCATED_LENGTH, Batch, BatchTiming, estimate, full_set_batches,
+from convs2s_bench.estimate import (SIZE_ANCHORS, TRUNCATED_LENGTH, Batch, BatchTiming, estimate, full_set_batches,
                                     price, sample_batches)
-from convs2s.speed_workload import NEWSTEST_SUBWORD_LENGTHS, forced_lengths, synthetic_lengths
+from convs2s_bench.workload import NEWSTEST_SUBWORD_LENGTHS, forced_lengths, synthetic_lengths
 
 
 def newstest_batches():

@@ -9,7 +9,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import convs2s
 from convs2s.cli import main
-from convs2s.speed_table import NEWSTEST_LENGTHS, decoder_step_bytes, generation_flops, run, synthetic_lengths
+from convs2s_bench.flops import decoder_step_bytes, generation_flops
+from convs2s_bench.speed_table import run
+from convs2s_bench.workload import NEWSTEST_LENGTHS, synthetic_lengths
 
 from conftest import SHARED, require_shared
 
@@ -66,7 +68,7 @@ def test_speed_table_runs_every_available_backend(tmp_path, capsys):
         assert 0 < r["fraction_of_gemm_peak"] < 1
         assert r["method"] == "measured" and r["model_uncertainty_s"] is None
         assert sum(r["dispatches"]["conv_step" if r["backend"] == "reference" or r["decoder"] == "plain"
-                                   else "decoder_layers_step"].values()) > 0
+                                   else "decoder_step"].values()) > 0
     assert result["machine"]["gemm_gflops_fp32"] > 0 and result["machine"]["isa"] is not None
     assert "| ConvS2S CPU 48 cores b=5 | 34.10 | 482 |" in out  # the paper's rows beside ours
     assert "first 5 of a fixed shuffled order" in out and "| vs reference | vs fp32 reference |" in out
@@ -114,7 +116,7 @@ def test_rows_are_labelled_by_what_ran(tmp_path):
     assert cpp5["label"] == "cpp*" and cpp5["fell_back"]["linear"]["reference"] > 0  # 10 rows > 8
     assert cpp5["dispatches"]["conv_step"] == {"cpp": cpp5["dispatches"]["conv_step"]["cpp"]}
     assert cpp1["label"] == "cpp" and set(cpp1["dispatches"]["linear"]) == {"cpp"}  # 2 rows
-    from convs2s.speed_table import format_table
+    from convs2s_bench.speed_table import format_table
 
     table = format_table(result)
     assert "| cpp* | plain | fp32 | 5 |" in table and "| cpp | plain | fp32 | 1 |" in table
@@ -135,7 +137,7 @@ def test_full_runs_record_each_batch_and_save_progress(tmp_path):
 
 
 def test_estimate_refuses_free_running_outputs(fixture_dir):
-    from convs2s.speed_table import SpeedTableError
+    from convs2s_bench.speed_table import SpeedTableError
 
     with pytest.raises(SpeedTableError, match="the estimate needs forced output lengths"):
         run(checkpoint=str(fixture_dir / "checkpoint.pt"), mode="estimate", log=lambda m: None)
@@ -233,7 +235,7 @@ def test_bench_compare_holds_int8_against_the_fp32_weights(tmp_path, capsys):
 
 
 def test_fractions_of_peak_above_one_are_a_bug():
-    from convs2s_kernels.roofline import RooflineError, fractions_of_peak
+    from convs2s_bench.roofline import RooflineError, fractions_of_peak
 
     ok = fractions_of_peak(gflops_per_s=50.0, gb_per_s=10.0, gemm_gflops=100.0, copy_gbps=20.0)
     assert ok == {"fraction_of_gemm_peak": 0.5, "fraction_of_copy_bandwidth": 0.5}

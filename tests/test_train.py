@@ -16,7 +16,9 @@ from convs2s import cli
 from convs2s.data import TokenDataset, write_data_folder
 from convs2s.dictionary import Dictionary
 from convs2s.fairseq_io import CheckpointError, read_checkpoint
-from convs2s.train import TRAIN_STATE_KEY, TrainConfig, Trainer, TrainingDiverged, label_smoothed_nll
+from convs2s.special_tokens import PAD
+from convs2s.train import (TRAIN_STATE_KEY, StopKind, StopReason, TrainConfig, Trainer, TrainingDiverged,
+                           label_smoothed_nll)
 
 VOCAB = 12
 TINY = dict(encoder_embed_dim=64, decoder_embed_dim=64, decoder_out_embed_dim=64,
@@ -74,13 +76,13 @@ def test_label_smoothed_nll_matches_fairseq_formula():
     V, eps = 7, 0.1
     logits = torch.randn(2, 5, V, dtype=torch.float64)
     target = torch.randint(4, V, (2, 5))
-    target[1, 3:] = 1  # padding
+    target[1, 3:] = PAD
     loss, nll = label_smoothed_nll(logits, target, eps)
     lp = logits.log_softmax(-1)
     want_loss = want_nll = 0.0
     for b in range(2):
         for t in range(5):
-            if target[b, t] == 1:
+            if target[b, t] == PAD:
                 continue
             y = target[b, t]
             want_nll += -lp[b, t, y]
@@ -200,6 +202,27 @@ def test_sigterm_stops_after_the_update_and_keeps_the_position(copy_data, tmp_pa
     assert proc.wait(timeout=60) == 130
     state = read_checkpoint(save / "checkpoint_last.pt")[TRAIN_STATE_KEY]
     assert state["progress"]["num_updates"] == max(losses_by_update(save))
+
+
+def test_stop_reasons_are_values_with_the_printed_message(copy_data, tmp_path):
+    trainer = Trainer(tiny_config(copy_data, tmp_path, max_update=2), **QUIET)
+    summary = trainer.train()
+    assert summary["stop"] is StopKind.MAX_UPDATE and summary["reason"] == "reached --max-update 2"
+    assert json.loads(json.dumps(summary))["stop"] == "max-update", "the summary stays JSON-serialisable"
+    c, p = trainer.cfg, trainer.progress
+    c.max_update = 0
+    assert trainer._done() is None
+    trainer._stop_signal = "SIGTERM"
+    assert trainer._done_or_signalled() == StopReason(StopKind.SIGNAL, "stopped by SIGTERM")
+    c.max_time_minutes, p.train_seconds = 0.5, 30.0
+    assert trainer._done() == StopReason(StopKind.MAX_TIME, "reached --max-time 0.5 min")
+    c.max_epoch, p.epoch = 2, 3
+    assert trainer._done() == StopReason(StopKind.MAX_EPOCH, "finished --max-epoch 2")
+    p.lr = c.min_lr / 2
+    reason = trainer._done_or_signalled()  # a stopping rule wins over the signal
+    assert reason.kind is StopKind.MIN_LR and str(reason) == f"learning rate {p.lr:g} fell below --min-lr 0.0001"
+    # only a stop between validations writes checkpoint_last.pt at the exact position
+    assert [k.value for k in StopKind if StopReason(k, "").mid_epoch] == ["max-update", "max-time", "signal"]
 
 
 # --- several processes -------------------------------------------------------------------

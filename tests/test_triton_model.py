@@ -1,7 +1,7 @@
 """The whole model on the Triton backend against the reference backend.
 
 Without a GPU this runs the kernels in the Triton interpreter (tests/conftest.py sets
-``TRITON_INTERPRET=1``), so the model is small. A spy on the dispatcher proves the Triton
+``TRITON_INTERPRET=1``), so the model is small. The dispatcher's counts prove the Triton
 kernels, not the reference fallback, did the work.
 """
 
@@ -10,27 +10,30 @@ import torch
 
 import convs2s
 import convs2s_kernels as ck
-from convs2s_kernels import dispatch
-
+from convs2s.special_tokens import EOS
+from harness import require_or_skip
 from test_model import CUSTOM, V_TGT, random_batch, small
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.fixture
-def triton_calls(monkeypatch):
-    """Counts the calls each op makes into the Triton backend; skips when it cannot run here."""
-    why = ck.available_backends()["triton"]
-    if why:
-        pytest.skip(f"triton backend unavailable: {why}")
-    calls = {}
-    for op, impl in list(dispatch._REGISTRY["triton"].items()):
-        def spy(*args, _fn=impl.fn, _op=op, **kwargs):
-            calls[_op] = calls.get(_op, 0) + 1
-            return _fn(*args, **kwargs)
+class TritonCalls:
+    """The calls the dispatcher sent to the Triton backend, per op."""
 
-        monkeypatch.setitem(dispatch._REGISTRY["triton"], op, dispatch.Impl(spy, impl.check))
-    return calls
+    def __init__(self, counts):
+        self.counts = counts
+
+    def get(self, op: str, default: int = 0) -> int:
+        return self.counts.get((op, "triton"), default)
+
+
+@pytest.fixture
+def triton_calls():
+    """Counts the calls each op makes into the Triton backend; skips (or fails, when required)
+    when it cannot run here."""
+    require_or_skip("triton")
+    with ck.count_dispatches() as counts:
+        yield TritonCalls(counts)
 
 
 def _model():
@@ -78,7 +81,7 @@ def test_decoder_steps_with_beam_reorder_equal_reference(triton_calls):
         for backend in ("reference", "triton"):
             model.use_backend(backend)
             state = model.init_decoder_state(model.encode(src), beam)
-            tokens = torch.full((B * beam,), convs2s.encoder.EOS, dtype=torch.long, device=DEVICE)
+            tokens = torch.full((B * beam,), EOS, dtype=torch.long, device=DEVICE)
             logits_seq = []
             for parents, next_tokens in plan:
                 logits, attn = model.decode_step(tokens, state, need_attn=True)

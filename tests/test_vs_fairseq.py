@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from convs2s.cli import main
-from convs2s.vs_fairseq import VsFairseqError, agreement, compare, plan_batches, read_ids
+from convs2s_bench.vs_fairseq import VsFairseqError, agreement, compare, plan_batches, read_ids
 
 STAND_IN = textwrap.dedent('''
     import json, os, sys

@@ -1,0 +1,94 @@
+"""The ``convs2s bench`` commands: ``speed-table``, ``vs-fairseq`` and ``compare``.
+
+:mod:`convs2s.cli` defines their options and imports this module only when one of them runs, so
+``convs2s`` itself never loads the benchmarks. Every failure a user can cause is raised as a
+:class:`convs2s.errors.Convs2sError` (the command line prints it in one line and exits 2).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Callable, Type, TypeVar
+
+import torch
+
+from convs2s.errors import Convs2sError
+
+T = TypeVar("T")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def _reported_as(error: Type[Convs2sError], call: Callable[[], T]) -> T:
+    """``call()``, with a plain ``ValueError`` from below it (convs2s naming an unknown
+    architecture, the kernels an unknown backend) raised as ``error``, which the command line
+    reports in one line."""
+    try:
+        return call()
+    except Convs2sError:
+        raise
+    except ValueError as exc:
+        raise error(str(exc)) from exc
+
+
+def _set_threads(threads: int) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def speed_table(args) -> int:
+    """``convs2s bench speed-table``: time the table, print it, write the JSON and the plot."""
+    from .speed_table import SpeedTableError, SpeedTableRequest, format_table, run, write_json
+
+    if args.full and args.sentences is not None:
+        raise SpeedTableError("give either --full or --sentences")
+    _set_threads(args.threads)
+    mode = "subset" if args.sentences is not None else "full" if args.full or args.checkpoint else "estimate"
+    request = SpeedTableRequest(
+        arch=args.arch, checkpoint=args.checkpoint, dicts=args.dicts, source=args.source, reference=args.reference,
+        spm=args.spm, mode=mode, sentences=args.sentences, beams=args.beams, backends=args.backends,
+        device=args.device, dtypes=args.dtype, decoders=args.decoders, repeats=args.repeats,
+        batch_size=args.batch_size, vocab=args.vocab, seed=args.seed)
+    save = (lambda partial: write_json(partial, args.json)) if args.json else None  # progress survives a kill
+    result = _reported_as(SpeedTableError, lambda: run(request, progress=args.progress or sys.stderr.isatty(),
+                                                       on_update=save, log=_log))
+    print(format_table(result))
+    if args.json:
+        write_json(result, args.json)
+        print(f"\nwrote {args.json}")
+    if args.plot:
+        from .plot import plot_table
+
+        plot_table(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def vs_fairseq(args) -> int:
+    """``convs2s bench vs-fairseq``: fairseq's generator beside convs2s; print and write the comparison."""
+    from convs2s.atomic import atomic_write_text
+
+    from .vs_fairseq import VsFairseqError, compare, format_result
+    from .workload import Config
+
+    _set_threads(args.threads)
+    config = Config(args.backend, args.decoder, "fp32") if args.backend else None
+    result = _reported_as(VsFairseqError, lambda: compare(
+        fairseq_python=args.fairseq_python, checkpoint=args.checkpoint, dicts=args.dicts, input_ids=args.input,
+        beams=args.beams, repeats=args.repeats, batch_size=args.batch_size, config=config, log=_log))
+    print(format_result(result))
+    if args.json:
+        atomic_write_text(args.json, json.dumps(result, indent=1))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def compare(args) -> int:
+    """``convs2s bench compare``: pytest-benchmark results pivoted into one table."""
+    from .compare import compare as pivot
+
+    print(pivot(args.files, args.format))
+    return 0

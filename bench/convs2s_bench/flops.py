@@ -1,0 +1,51 @@
+"""The work and traffic of generation, counted from a model's shapes: FLOPs of incremental beam
+search and the bytes of decoder weights a decoding step streams. The speed table and the
+generation benchmarks read achieved rates (and fractions of the measured peaks) from them."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+
+def weight_elements(module: torch.nn.Module) -> int:
+    """Multiply-accumulates per row of the module's linear and convolution layers (embeddings are
+    lookups, gains and biases negligible)."""
+    return sum(p.numel() for name, p in module.named_parameters()
+               if p.dim() >= 2 and "embed_" not in name and not name.endswith("weight_g"))
+
+
+def generation_flops(model, source_lengths: Sequence[int], target_lengths: Sequence[int], beam: int) -> float:
+    """FLOPs of incremental beam search: the encoder once per source token, every decoder layer,
+    attention product and the vocabulary projection once per step and beam row (EOS included)."""
+    p_enc = weight_elements(model.encoder)
+    p_dec = weight_elements(model.decoder)
+    e = model.cfg.encoder_embed_dim
+    n_att = model.cfg.num_attention_layers
+    total = 0.0
+    for s_len, t_len in zip(source_lengths, target_lengths):
+        s = s_len + 1  # EOS
+        total += 2.0 * p_enc * s + beam * t_len * (2.0 * p_dec + 4.0 * s * e * n_att)
+    return total
+
+
+def decoder_step_bytes(model, vocab_rows: Optional[int] = None) -> int:
+    """Bytes of decoder weights one decoding step must stream, at the dtype they are stored in
+    (int8 plus a float32 scale per row where int8 decoding is on); ``vocab_rows`` counts only
+    that many rows of the output layer (a shortlist). Embeddings are gathered rows: not counted."""
+    total = 0
+    for name, module in model.decoder.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() < 2 or "embed_" in name:
+            continue
+        quantized = module.int8_weight() if hasattr(module, "int8_weight") else None
+        if quantized is not None:
+            q, scale = quantized
+            n_bytes = q.numel() * q.element_size() + scale.numel() * scale.element_size()
+        else:
+            n_bytes = weight.numel() * weight.element_size()
+        if name == "fc3" and vocab_rows is not None:
+            n_bytes = n_bytes * vocab_rows // weight.shape[0]
+        total += n_bytes
+    return total

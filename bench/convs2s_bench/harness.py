@@ -1,0 +1,95 @@
+"""Helpers of the pytest-benchmark suites under ``bench/`` (``test_bench_*.py``): the smoke switch,
+the dtypes, the shapes, timing and the roofline record of each case.
+
+Imports nothing of ``convs2s_kernels`` at module level: ``bench/conftest.py`` imports this module
+before the kernels, whose import reads ``TRITON_INTERPRET``."""
+
+import os
+
+import torch
+
+# CI sets this: every suite runs once at tiny shapes (with --benchmark-disable) as a smoke test.
+SMOKE = os.environ.get("CONVS2S_BENCH_SMOKE") == "1"
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+if torch.cuda.is_available():  # fp16 is a GPU dtype (no CPU backend runs it fast)
+    DTYPES["fp16"] = torch.float16
+
+
+def shapes(paper, smoke):
+    """The paper's shapes for real runs, tiny ones for the CI smoke run."""
+    return smoke if SMOKE else paper
+
+
+_copy_at: dict = {}
+
+
+def copy_bandwidth_for(working_set_bytes: int, device: torch.device, peaks: dict) -> float:
+    """The copy bandwidth a working set of this size sees: the memory's (``peaks``) when it exceeds
+    the last-level cache, else a copy of that size measured once (the cache it fits in)."""
+    from convs2s_kernels.env import last_level_cache_bytes
+    from .roofline import copy_peak_gbps
+
+    if device.type != "cpu" or working_set_bytes >= last_level_cache_bytes():
+        return peaks["copy_gbps"]
+    mb = max(1, 1 << max(0, (working_set_bytes >> 20).bit_length()))  # power-of-two MB bucket above it
+    if mb not in _copy_at:
+        _copy_at[mb] = copy_peak_gbps(device, mb)
+    return _copy_at[mb]
+
+
+def record(benchmark, *, flops: float, bytes_moved: float, peaks: dict = None, dtype_name: str = None,
+           working_set_bytes: int = None, device: torch.device = None) -> None:
+    """FLOPs, bytes, the achieved rates (from the median) and, with the session's measured peaks,
+    the fractions of the GEMM peak and of the copy bandwidth into the result's extra_info; a
+    fraction above 1 fails the case (a miscount, never a result). ``working_set_bytes``: the
+    bytes a round reuses (weights that stay resident between rounds); where they fit in the
+    last-level cache the bandwidth limit is that cache's, measured at that size."""
+    from .roofline import fractions_of_peak
+
+    info = benchmark.extra_info
+    info["flops"] = flops
+    info["bytes"] = bytes_moved
+    info["threads"] = torch.get_num_threads()
+    if peaks:
+        info.update(peaks)
+    stats = getattr(benchmark, "stats", None)
+    median = getattr(getattr(stats, "stats", None), "median", None) if stats is not None else None
+    if median and peaks:
+        info["gflops_per_s"] = flops / median / 1e9
+        info["gb_per_s"] = bytes_moved / median / 1e9
+        copy = peaks.get("copy_gbps")
+        if working_set_bytes is not None and copy:
+            copy = info["copy_gbps_for_working_set"] = copy_bandwidth_for(working_set_bytes, device, peaks)
+        info.update(fractions_of_peak(gflops_per_s=info["gflops_per_s"], gb_per_s=info["gb_per_s"],
+                                      gemm_gflops=peaks.get(f"gemm_gflops_{dtype_name}"), copy_gbps=copy))
+
+
+def rotating(tensor: torch.Tensor, device: torch.device):
+    """Copies of ``tensor`` filling twice the last-level cache, and a function returning the next
+    one at each call: a bandwidth benchmark then streams its weight from memory every round, as a
+    decoding step does, instead of finding it in cache from the round before."""
+    from convs2s_kernels.env import last_level_cache_bytes
+
+    nbytes = tensor.numel() * tensor.element_size()
+    count = 1 if SMOKE or device.type != "cpu" else max(2, -(-2 * last_level_cache_bytes() // max(nbytes, 1)))
+    copies = [tensor] + [tensor.clone() for _ in range(count - 1)]
+    state = {"i": 0}
+
+    def next_copy():
+        state["i"] = (state["i"] + 1) % count
+        return copies[state["i"]]
+
+    return next_copy
+
+
+def run_timed(benchmark, fn, device: torch.device):
+    """Warm up once outside the rounds, then time ``fn`` (synchronising the GPU every round)."""
+    def call():
+        out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return out
+
+    call()
+    return benchmark(call)

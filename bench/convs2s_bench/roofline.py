@@ -1,0 +1,90 @@
+"""The machine's own limits, measured: a large GEMM (peak FLOP/s per dtype) and a large copy
+(memory bandwidth), so benchmark figures can be read as fractions of what the device can do."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, Iterable, Optional
+
+import torch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _best_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    fn()  # warm-up: allocation, library dispatch, clocks
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def gemm_peak_gflops(device="cpu", dtype=torch.float32, n: int = 2048, repeats: int = 5) -> float:
+    """Best-of-``repeats`` GFLOP/s of an ``n^3`` matmul (fp32 accumulation for reduced precision)."""
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    secs = _best_seconds(lambda: torch.mm(a, b, out=out), device, repeats)
+    return 2.0 * n ** 3 / secs / 1e9
+
+
+def memory_buffer_megabytes(device="cpu") -> int:
+    """A buffer size that measures memory, not cache: 256 MB, or twice the CPU's last-level cache
+    where that is larger (some server CPUs have 0.5 GB of L3)."""
+    from convs2s_kernels.env import last_level_cache_bytes
+
+    if torch.device(device).type != "cpu":
+        return 256
+    return max(256, 2 * last_level_cache_bytes() // (1 << 20))
+
+
+def copy_peak_gbps(device="cpu", megabytes: Optional[int] = None, repeats: int = 5) -> float:
+    """Best-of-``repeats`` GB/s of a tensor copy (bytes read + bytes written) of ``megabytes``
+    (default: :func:`memory_buffer_megabytes`, the memory's bandwidth; smaller sizes measure the
+    caches a working set of that size lives in)."""
+    device = torch.device(device)
+    megabytes = megabytes or memory_buffer_megabytes(device)
+    n = max(megabytes * (1 << 20) // 4, 1024)
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    secs = _best_seconds(lambda: dst.copy_(src), device, repeats)
+    return 2.0 * src.numel() * 4 / secs / 1e9
+
+
+def measure_peaks(device="cpu", dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16),
+                  small: bool = False) -> Dict[str, float]:
+    """``{"gemm_gflops_fp32": ..., "gemm_gflops_bf16": ..., "copy_gbps": ...}``; ``small`` for smoke runs."""
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+    n, mb, reps = (256, 8, 1) if small else (2048, None, 5)
+    peaks = {f"gemm_gflops_{names[d]}": gemm_peak_gflops(device, d, n, reps) for d in dtypes}
+    peaks["copy_gbps"] = copy_peak_gbps(device, mb, reps)
+    peaks["peak_threads"] = torch.get_num_threads()
+    return peaks
+
+
+class RooflineError(AssertionError):
+    """A measured rate above the machine's measured limit: the FLOP or byte count is wrong, or the
+    data never left the cache the limit was measured beyond."""
+
+
+def fractions_of_peak(*, gflops_per_s: float, gb_per_s: float, gemm_gflops: Optional[float] = None,
+                      copy_gbps: Optional[float] = None) -> Dict[str, float]:
+    """``fraction_of_gemm_peak`` and ``fraction_of_copy_bandwidth`` of the achieved rates; a fraction
+    above 1 raises :class:`RooflineError` (a bug in the accounting, never a result)."""
+    out = {}
+    for name, rate, peak in (("fraction_of_gemm_peak", gflops_per_s, gemm_gflops),
+                             ("fraction_of_copy_bandwidth", gb_per_s, copy_gbps)):
+        if peak:
+            out[name] = rate / peak
+            if out[name] > 1.0:
+                raise RooflineError(f"{name} = {out[name]:.2f} > 1 ({rate:.1f} achieved against a measured "
+                                    f"{peak:.1f}): the work or bytes are miscounted, or the data stayed in cache")
+    return out

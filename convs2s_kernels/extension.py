@@ -1,0 +1,53 @@
+"""Loader of the C++ CPU extension ``convs2s_kernels._C``, and the cpp backend's availability.
+
+The package works without the extension (the reference backend covers every op); when it is
+missing, :func:`convs2s_kernels.available_backends` reports why. Each op's cpp glue lives with
+the op (``convs2s_kernels/ops/<op>/cpp.py``) and calls the extension through :func:`native`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from .dispatch import set_availability
+
+DISABLE_ENV = "CONVS2S_KERNELS_DISABLE_CPP"
+# dtypes the extension's ops take (few-row kernels narrow it further in their capability)
+CPP_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+try:
+    from . import _C  # type: ignore[attr-defined]
+
+    _IMPORT_ERROR: Optional[str] = None
+except ImportError as exc:  # not built, or built against another torch
+    _C = None
+    _IMPORT_ERROR = (
+        f"the C++ extension convs2s_kernels._C could not be imported ({exc}); "
+        "build it with `pip install --no-build-isolation -e .` from the repository root"
+    )
+
+
+def unavailable_reason() -> Optional[str]:
+    """None when the cpp backend runs here, else why not (not built, or switched off)."""
+    if os.environ.get(DISABLE_ENV) == "1":
+        return f"disabled by {DISABLE_ENV}=1"
+    return _IMPORT_ERROR
+
+
+def native():
+    """The extension module itself (its raw entry points, for the ops' glue, tests and tools);
+    raises ``RuntimeError`` with the reason when it is not importable."""
+    if _C is None:
+        raise RuntimeError(_IMPORT_ERROR)
+    return _C
+
+
+def small_gemm_isa() -> Optional[str]:
+    """The instruction set the few-row kernels picked on this CPU (None without the extension)."""
+    return None if _C is None else _C.small_gemm_isa()
+
+
+set_availability("cpp", unavailable_reason)

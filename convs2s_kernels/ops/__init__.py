@@ -1,0 +1,21 @@
+"""The fused ops, one folder each (public function, reference, backend glue, capabilities).
+
+Importing this package registers every op's ``reference`` and ``cpp`` implementations; the
+Triton ones are registered by :mod:`convs2s_kernels.triton_backend` when Triton can be imported.
+"""
+
+from .attention_embsum import attention_embsum, attention_embsum_ref, source_key_mask
+from .conv_glu import conv_glu, conv_glu_ref, conv_padding
+from .conv_step import conv_step, conv_step_ref
+from .decoder_step import StepAttention, StepLayer, decoder_step, decoder_step_ref
+from .linear import linear, linear_ref
+from .linear_int8 import linear_int8, linear_int8_ref, quantize_int8
+
+# the ops with a Triton backend (their folders hold triton.py)
+TRITON_OPS = ("conv_glu", "attention_embsum", "conv_step")
+
+__all__ = [
+    "conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8", "decoder_step",
+    "conv_glu_ref", "attention_embsum_ref", "conv_step_ref", "linear_ref", "linear_int8_ref", "decoder_step_ref",
+    "conv_padding", "source_key_mask", "quantize_int8", "StepLayer", "StepAttention", "TRITON_OPS",
+]

@@ -1,0 +1,324 @@
+"""Convolution + GLU in Triton, forward and backward.
+
+The convolution is a GEMM over the ``M = B*T`` output rows and the ``C`` output channels; its
+reduction runs over the ``k`` taps and ``C_in``, each tap a time-shifted load of ``x`` (no im2col
+in memory). Every program keeps two fp32 accumulators side by side, value columns ``n`` and gate
+columns ``C + n``, so bias, GLU, residual and scale happen in registers and only ``C`` outputs
+are written. Encoder padding is folded into the loads (padded input steps read as zeros).
+
+Backward (no activations saved beyond the inputs):
+
+* ``_conv_glu_bwd_dpre_kernel`` recomputes both halves and writes the pre-activation gradient
+  ``dpre (M, 2C)`` plus per-row-tile partial sums of it for the bias gradient;
+* ``_conv_glu_bwd_dx_kernel``: ``dx[t'] = sum_j dpre[t' + left - j] @ W[j]^T`` (a GEMM with the
+  taps as shifted loads again), zero at padded steps;
+* ``_conv_glu_bwd_dw_kernel``: ``dW[j] = x_j^T @ dpre`` with the rows split into chunks whose
+  partial products are summed afterwards: deterministic, no atomics.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .reference import conv_padding
+from ...triton_common.config import acc_type, configs, dot_precision, new_empty
+from ...triton_common.glu import _add_glu_bias, _glu_tap_dot
+
+_GEMM_CONFIGS = configs(
+    gpu=[
+        dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=4),
+        dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=4),
+        dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, num_warps=8, num_stages=3),
+        dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3),
+        dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
+    ],
+    interpreter=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+)
+_MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in _GEMM_CONFIGS)
+
+
+@triton.jit
+def _preactivations(x_ptr, w_ptr, bias_ptr, mask_ptr, rows, cols, M, T, C_in, C,
+                    sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t,
+                    K_W: tl.constexpr, PAD_LEFT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+                    ACC: tl.constexpr, PRECISION: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Value and gate pre-activations (bias included) of output rows ``rows`` x channels ``cols``."""
+    b = rows // T
+    t = rows % T
+    acc_v = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+    col_ok = cols < C
+    for j in tl.static_range(K_W):
+        t_in = t + (j - PAD_LEFT)
+        row_ok = (rows < M) & (t_in >= 0) & (t_in < T)
+        if HAS_MASK:
+            padded = tl.load(mask_ptr + b * sm_b + t_in * sm_t, mask=row_ok, other=1)
+            row_ok = row_ok & (padded == 0)
+        x_row = x_ptr + b * sx_b + t_in * sx_t
+        w_tap = w_ptr + j * sw_k
+        for k0 in range(0, C_in, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < C_in
+            xt = tl.load(x_row[:, None] + ks[None, :] * sx_c, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            acc_v, acc_g = _glu_tap_dot(xt, w_tap, ks, k_ok, cols, col_ok, C, sw_i, sw_o, acc_v, acc_g,
+                                        ACC, PRECISION)
+    if HAS_BIAS:
+        acc_v, acc_g = _add_glu_bias(acc_v, acc_g, bias_ptr, cols, col_ok, C, ACC)
+    return acc_v, acc_g
+
+
+@triton.autotune(configs=_GEMM_CONFIGS, key=["C_in", "C", "K_W"])
+@triton.jit
+def _conv_glu_fwd_kernel(
+    x_ptr, w_ptr, bias_ptr, res_ptr, mask_ptr, out_ptr,
+    M, T, C_in, C, scale,
+    sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sr_b, sr_t, sr_c, sm_b, sm_t, so_b, so_t, so_c,
+    K_W: tl.constexpr, PAD_LEFT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, HAS_MASK: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    v, g = _preactivations(x_ptr, w_ptr, bias_ptr, mask_ptr, rows, cols, M, T, C_in, C,
+                           sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t,
+                           K_W, PAD_LEFT, HAS_BIAS, HAS_MASK, ACC, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    col_ok = cols < C
+    out = v / (1.0 + tl.exp(-g))
+    b = rows // T
+    t = rows % T
+    ok = (rows < M)[:, None] & col_ok[None, :]
+    if HAS_RES:
+        out += tl.load(res_ptr + (b * sr_b + t * sr_t)[:, None] + cols[None, :] * sr_c, mask=ok, other=0.0).to(ACC)
+    out = out * scale
+    tl.store(out_ptr + (b * so_b + t * so_t)[:, None] + cols[None, :] * so_c, out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.autotune(configs=_GEMM_CONFIGS, key=["C_in", "C", "K_W"])
+@triton.jit
+def _conv_glu_bwd_dpre_kernel(
+    x_ptr, w_ptr, bias_ptr, mask_ptr, dout_ptr, dpre_ptr, dbias_part_ptr,
+    M, T, C_in, C, scale,
+    sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t, sd_b, sd_t, sd_c,
+    K_W: tl.constexpr, PAD_LEFT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0).to(tl.int64)
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    v, g = _preactivations(x_ptr, w_ptr, bias_ptr, mask_ptr, rows, cols, M, T, C_in, C,
+                           sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t,
+                           K_W, PAD_LEFT, HAS_BIAS, HAS_MASK, ACC, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    col_ok = cols < C
+    ok = (rows < M)[:, None] & col_ok[None, :]
+    b = rows // T
+    t = rows % T
+    grad = tl.load(dout_ptr + (b * sd_b + t * sd_t)[:, None] + cols[None, :] * sd_c, mask=ok, other=0.0).to(ACC)
+    grad = grad * scale
+    sig = 1.0 / (1.0 + tl.exp(-g))
+    dv = grad * sig
+    dg = grad * v * sig * (1.0 - sig)
+    two_c = 2 * C
+    dpre_rows = dpre_ptr + rows[:, None] * two_c
+    tl.store(dpre_rows + cols[None, :], dv.to(dpre_ptr.dtype.element_ty), mask=ok)
+    tl.store(dpre_rows + C + cols[None, :], dg.to(dpre_ptr.dtype.element_ty), mask=ok)
+    # rows beyond M loaded grad = 0, so they add nothing to the column sums
+    part = dbias_part_ptr + pid_m * two_c
+    tl.store(part + cols, tl.sum(dv, axis=0), mask=col_ok)
+    tl.store(part + C + cols, tl.sum(dg, axis=0), mask=col_ok)
+
+
+@triton.autotune(configs=_GEMM_CONFIGS, key=["C_in", "C", "K_W"])
+@triton.jit
+def _conv_glu_bwd_dx_kernel(
+    dpre_ptr, w_ptr, mask_ptr, dx_ptr,
+    M, T, C_in, C,
+    sw_k, sw_i, sw_o, sm_b, sm_t,
+    K_W: tl.constexpr, PAD_LEFT: tl.constexpr, HAS_MASK: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """dx rows ``(b, t')`` x input channels: sum over taps j and the 2C pre-activation columns."""
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    chans = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    b = rows // T
+    t_in = rows % T
+    chan_ok = chans < C_in
+    two_c = 2 * C
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+    for j in tl.static_range(K_W):
+        t_out = t_in + (PAD_LEFT - j)  # the output step that read input t_in through tap j
+        row_ok = (rows < M) & (t_out >= 0) & (t_out < T)
+        d_row = dpre_ptr + (b * T + t_out) * two_c
+        w_tap = w_ptr + j * sw_k + chans[None, :] * sw_i
+        for n0 in range(0, two_c, BLOCK_K):
+            ns = n0 + tl.arange(0, BLOCK_K)
+            n_ok = ns < two_c
+            d = tl.load(d_row[:, None] + ns[None, :], mask=row_ok[:, None] & n_ok[None, :], other=0.0)
+            wt = tl.load(w_tap + ns[:, None] * sw_o, mask=n_ok[:, None] & chan_ok[None, :], other=0.0)
+            acc = tl.dot(d, wt, acc, input_precision=PRECISION, out_dtype=ACC)
+    keep = rows < M
+    if HAS_MASK:
+        padded = tl.load(mask_ptr + b * sm_b + t_in * sm_t, mask=keep, other=1)
+        acc = tl.where((padded == 0)[:, None], acc, 0.0)
+    ok = keep[:, None] & chan_ok[None, :]
+    tl.store(dx_ptr + rows[:, None] * C_in + chans[None, :], acc.to(dx_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.autotune(configs=_GEMM_CONFIGS, key=["C_in", "C", "K_W"])
+@triton.jit
+def _conv_glu_bwd_dw_kernel(
+    x_ptr, mask_ptr, dpre_ptr, dw_part_ptr,
+    M, T, C_in, C, rows_per_split,
+    sx_b, sx_t, sx_c, sm_b, sm_t,
+    K_W: tl.constexpr, PAD_LEFT: tl.constexpr, HAS_MASK: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Partial ``dW[j, ci, n]`` over one chunk of rows; BLOCK_M tiles input channels here."""
+    n_ci_tiles = tl.cdiv(C_in, BLOCK_M)
+    j = tl.program_id(0) // n_ci_tiles
+    chans = ((tl.program_id(0) % n_ci_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    ns = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    split = tl.program_id(2)
+    two_c = 2 * C
+    chan_ok = chans < C_in
+    n_ok = ns < two_c
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+    row_start = split * rows_per_split
+    row_end = tl.minimum(row_start + rows_per_split, M)
+    for m0 in range(row_start, row_end, BLOCK_K):
+        rows = (m0 + tl.arange(0, BLOCK_K)).to(tl.int64)
+        b = rows // T
+        t_in = rows % T + (j - PAD_LEFT)
+        row_ok = (rows < row_end) & (t_in >= 0) & (t_in < T)
+        if HAS_MASK:
+            padded = tl.load(mask_ptr + b * sm_b + t_in * sm_t, mask=row_ok, other=1)
+            row_ok = row_ok & (padded == 0)
+        # x_j^T tile: input channels x rows
+        xt = tl.load(x_ptr + chans[:, None] * sx_c + (b * sx_b + t_in * sx_t)[None, :],
+                     mask=chan_ok[:, None] & row_ok[None, :], other=0.0)
+        d = tl.load(dpre_ptr + rows[:, None] * two_c + ns[None, :],
+                    mask=(rows < row_end)[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(xt, d, acc, input_precision=PRECISION, out_dtype=ACC)
+    out = dw_part_ptr + ((split * K_W + j) * C_in + chans[:, None]) * two_c + ns[None, :]
+    tl.store(out, acc, mask=chan_ok[:, None] & n_ok[None, :])
+
+
+def _mask_arg(pad_mask: Optional[torch.Tensor], x: torch.Tensor):
+    """(pointer tensor, stride_b, stride_t) for the kernels; a dummy when there is no mask."""
+    if pad_mask is None:
+        return x, 0, 0
+    m = pad_mask.view(torch.uint8)
+    return m, m.stride(0), m.stride(1)
+
+
+def _dw_splits(M: int) -> int:
+    """Row chunks for the weight gradient: enough programs to fill a GPU at long inputs."""
+    return max(1, min(32, triton.cdiv(M, 1024)))
+
+
+def conv_glu_forward(x, weight, bias, residual, pad_mask, causal: bool, scale: float) -> torch.Tensor:
+    B, T, C_in = x.shape
+    k, _, c2 = weight.shape
+    C = c2 // 2
+    M = B * T
+    out = new_empty(B, T, C, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return out
+    mask, sm_b, sm_t = _mask_arg(pad_mask, x)
+    res = residual if residual is not None else out
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(C, meta["BLOCK_N"]))
+    _conv_glu_fwd_kernel[grid](
+        x, weight, bias if bias is not None else x, res, mask, out,
+        M, T, C_in, C, float(scale),
+        *x.stride(), *weight.stride(), *res.stride(), sm_b, sm_t, *out.stride(),
+        K_W=k, PAD_LEFT=conv_padding(k, causal)[0],
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_MASK=pad_mask is not None,
+        ACC=acc_type(x.dtype), PRECISION=dot_precision(x.dtype),
+    )
+    return out
+
+
+def conv_glu_backward(grad_out, x, weight, bias, pad_mask, causal: bool, scale: float, needs):
+    """Gradients ``(dx, dweight, dbias, dresidual)``; ``needs`` says which are wanted (None otherwise)."""
+    B, T, C_in = x.shape
+    k, _, c2 = weight.shape
+    C = c2 // 2
+    M = B * T
+    acc = acc_type(x.dtype)
+    prec = dot_precision(x.dtype)
+    pad_left = conv_padding(k, causal)[0]
+    mask, sm_b, sm_t = _mask_arg(pad_mask, x)
+    has_mask = pad_mask is not None
+    part_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if M == 0:  # no rows: every gradient is zero (and a grid of zero programs cannot launch)
+        zeros = (torch.zeros_like(x), torch.zeros_like(weight),
+                 torch.zeros_like(bias) if bias is not None else None, grad_out * scale)
+        return tuple(g if need else None for g, need in zip(zeros, needs))
+
+    dpre = new_empty(M, c2, dtype=x.dtype, device=x.device)
+    # one partial bias row per row tile; the smallest BLOCK_M of any config bounds their number
+    dbias_part = new_empty(triton.cdiv(M, _MIN_BLOCK_M), c2, dtype=part_dtype, device=x.device)
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(C, meta["BLOCK_N"]))
+    meta_dpre = dict(K_W=k, PAD_LEFT=pad_left, HAS_BIAS=bias is not None, HAS_MASK=has_mask, ACC=acc, PRECISION=prec)
+    _conv_glu_bwd_dpre_kernel[grid](
+        x, weight, bias if bias is not None else x, mask, grad_out, dpre, dbias_part,
+        M, T, C_in, C, float(scale),
+        *x.stride(), *weight.stride(), sm_b, sm_t, *grad_out.stride(), **meta_dpre,
+    )
+    n_tiles = triton.cdiv(M, _conv_glu_bwd_dpre_kernel.best_config.kwargs["BLOCK_M"])
+
+    dx = dw = db = dres = None
+    if needs[0]:
+        dx = new_empty(B, T, C_in, dtype=x.dtype, device=x.device)
+        grid_dx = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(C_in, meta["BLOCK_N"]))
+        _conv_glu_bwd_dx_kernel[grid_dx](
+            dpre, weight, mask, dx, M, T, C_in, C, *weight.stride(), sm_b, sm_t,
+            K_W=k, PAD_LEFT=pad_left, HAS_MASK=has_mask, ACC=acc, PRECISION=prec,
+        )
+    if needs[1]:
+        splits = _dw_splits(M)
+        rows_per_split = triton.cdiv(M, splits)
+        dw_part = new_empty(splits, k, C_in, c2, dtype=part_dtype, device=x.device)
+        grid_dw = lambda meta: (k * triton.cdiv(C_in, meta["BLOCK_M"]), triton.cdiv(c2, meta["BLOCK_N"]), splits)
+        _conv_glu_bwd_dw_kernel[grid_dw](
+            x, mask, dpre, dw_part, M, T, C_in, C, rows_per_split, *x.stride(), sm_b, sm_t,
+            K_W=k, PAD_LEFT=pad_left, HAS_MASK=has_mask, ACC=acc, PRECISION=prec,
+        )
+        dw = dw_part.sum(0).to(x.dtype)
+    if needs[2]:
+        db = dbias_part[:n_tiles].sum(0).to(x.dtype)
+    if needs[3]:
+        dres = grad_out * scale
+    return dx, dw, db, dres
+
+
+class ConvGLUFunction(torch.autograd.Function):
+    """Autograd wrapper: forward and backward both run the Triton kernels."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, residual, pad_mask, causal, scale):
+        scale = 1.0 if scale is None else float(scale)
+        ctx.save_for_backward(x, weight, bias, pad_mask)
+        ctx.causal, ctx.scale, ctx.has_residual = causal, scale, residual is not None
+        return conv_glu_forward(x, weight, bias, residual, pad_mask, causal, scale)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, bias, pad_mask = ctx.saved_tensors
+        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+                 bias is not None and ctx.needs_input_grad[2], ctx.has_residual and ctx.needs_input_grad[3])
+        dx, dw, db, dres = conv_glu_backward(grad_out, x, weight, bias, pad_mask, ctx.causal, ctx.scale, needs)
+        return dx, dw, db, dres, None, None, None
+
+
+def conv_glu_triton(x, weight, bias=None, *, causal, residual=None, scale=None, pad_mask=None):
+    """The ``conv_glu`` op on the Triton backend (same contract as ``conv_glu_ref``)."""
+    return ConvGLUFunction.apply(x, weight, bias, residual, pad_mask, causal, scale)

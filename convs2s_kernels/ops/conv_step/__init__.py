@@ -1,0 +1,18 @@
+"""``conv_step``: one incremental decoding step, with the beam reorder of the conv state.
+
+Everything of the op is in this folder:
+
+* ``api.py``: the public function and its input checks;
+* ``reference.py``: the plain-PyTorch ground truth (``*_ref``), also the ``reference`` backend;
+* ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/conv_step_cpu.cpp``);
+* ``triton.py`` / ``triton_kernels.py``: the Triton backend (GPU; CPU under the interpreter).
+
+Tests: ``tests/ops/test_conv_step.py``; benchmark: ``bench/test_bench_conv_step.py``.
+"""
+
+from ...dispatch import register
+from . import cpp  # noqa: F401  (registers the cpp backend's implementation)
+from .api import conv_step
+from .reference import conv_step_ref
+
+register("reference", "conv_step", conv_step_ref)

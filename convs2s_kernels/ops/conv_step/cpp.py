@@ -1,0 +1,22 @@
+"""``conv_step`` on the cpp backend (``csrc/conv_step_cpu.cpp``): gather by parent row, shift,
+append and the conv + GLU step in one pass; with 1-8 fp32/bf16 rows a few-row kernel streams the
+weight once. Inference only."""
+
+from __future__ import annotations
+
+from ...dispatch import Capability, register
+from ...extension import CPP_DTYPES, native
+from .api import conv_step_tensors
+
+CAPABILITY = Capability(dtypes={"cpu": CPP_DTYPES}, backward=False)
+
+
+def conv_step_cpp(x_t, state, weight, bias=None, beam_index=None):
+    # the kernel walks rows by their strides but needs unit-stride channels
+    x_t = x_t if x_t.stride(-1) == 1 else x_t.contiguous()
+    state = state if state.stride(-1) == 1 else state.contiguous()
+    out, new_state = native().conv_step_forward(x_t, state, weight.contiguous(), bias, beam_index)
+    return out, new_state
+
+
+register("cpp", "conv_step", conv_step_cpp, CAPABILITY, conv_step_tensors)

@@ -1,0 +1,65 @@
+"""``decoder_step``: the public function (checks its inputs, then calls the backend the dispatcher picks)."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from ..._checks import check_index, check_shape, check_tensor
+from ...dispatch import resolve
+from .layers import StepLayer
+
+__all__ = ["decoder_step", "decoder_step_tensors"]
+
+
+def decoder_step_tensors(x, states, layers, emb_scores, *args, **kwargs):
+    """The floating tensors of a call, the activation first (for the backends' capabilities)."""
+    weights = [t for layer in layers for t in (layer.conv_weight, layer.conv_bias, layer.proj_weight)]
+    return (x, emb_scores, *states, *weights)
+
+
+def _check_layers(states, layers, x: torch.Tensor) -> None:
+    if len(states) != len(layers):
+        raise ValueError(f"states has {len(states)} entries but there are {len(layers)} layers")
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, StepLayer):
+            raise TypeError(f"layers[{i}] must be a convs2s_kernels.StepLayer, got {type(layer).__name__}")
+        if not 0 <= layer.residual <= i + 1:
+            raise ValueError(f"layers[{i}].residual = {layer.residual} reaches before the first layer's input")
+        check_tensor(f"states[{i}]", states[i], 3)
+        if states[i].device != x.device:
+            raise ValueError(f"states[{i}] is on {states[i].device} but x is on {x.device}")
+
+
+def decoder_step(x: torch.Tensor, states: Sequence[torch.Tensor], layers: Sequence[StepLayer],
+                 emb_scores: torch.Tensor, pad_mask: torch.Tensor, src_lengths: torch.Tensor,
+                 beam_index: Optional[torch.Tensor] = None, *, need_attn: bool = False,
+                 backend: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor], List[torch.Tensor]]:
+    """Every layer of one decoding step in one call: residual (projected), conv step + GLU,
+    folded attention and the residual sum, layer after layer.
+
+    ``x (N, C_0)`` (``N = B * beam`` rows, a sentence's beams adjacent), ``states[i]
+    (N_prev, k_i - 1, C_in_i)``, ``layers`` one :class:`convs2s_kernels.StepLayer` each,
+    ``emb_scores (B, beam, S)`` the target embeddings' scores against the encoder outputs,
+    ``pad_mask (B, S)`` bool (True at source padding), ``src_lengths (B,)`` true source lengths,
+    ``beam_index (N,)`` parent rows -> ``(x (N, C_L), attention averaged over layers (N, S) or
+    None, new states)``; ``states`` are not modified. See
+    :func:`convs2s_kernels.decoder_step_ref`.
+    """
+    check_tensor("x", x, 2)
+    check_tensor("emb_scores", emb_scores, 3)
+    B, beam, S = emb_scores.shape
+    if B * beam != x.shape[0]:
+        raise ValueError(f"emb_scores is (B, beam, S) = {tuple(emb_scores.shape)} but x has {x.shape[0]} rows, "
+                         f"not B * beam = {B * beam}")
+    check_tensor("pad_mask", pad_mask, 2, floating=False)
+    check_shape("pad_mask", pad_mask, (B, S), "(B, S)")
+    check_tensor("src_lengths", src_lengths, 1, floating=False)
+    check_shape("src_lengths", src_lengths, (B,), "(B,)")
+    _check_layers(states, layers, x)
+    if beam_index is not None:
+        check_index("beam_index", beam_index, x.shape[0], x.device, low=0, high=states[0].shape[0] - 1)
+    args = (x, states, layers, emb_scores, pad_mask, src_lengths, beam_index)
+    fn = resolve("decoder_step", x.device, backend, *args, need_attn=need_attn)
+    return fn(*args, need_attn=need_attn)

@@ -1,0 +1,214 @@
+"""``conv_glu``: every backend against the reference (forward, backward, gradcheck, strided inputs,
+torch.compile), the reference against an explicit tap loop, the paper's shapes on GPUs, autocast,
+and the input errors."""
+
+import math
+
+import pytest
+import torch
+
+import convs2s_kernels as ck
+from convs2s_kernels.testing import assert_close
+from harness import DTYPES, FAST_BACKENDS, assert_grads_close, conv_inputs, conv_weight, runnable
+
+CONV_CASES = [
+    pytest.param(2, 7, 16, 8, 3, True, id="causal_k3"),
+    pytest.param(3, 5, 13, 7, 3, False, id="centred_k3_odd_C"),
+    pytest.param(2, 6, 12, 10, 4, False, id="centred_even_k4"),
+    pytest.param(2, 4, 9, 9, 1, True, id="k1"),
+    pytest.param(1, 2, 8, 4, 5, True, id="k_longer_than_T"),
+    pytest.param(3, 1, 8, 6, 3, False, id="T1"),
+    pytest.param(2, 17, 41, 41, 5, True, id="T17_C41_k5"),
+    pytest.param(2, 33, 40, 70, 3, False, id="multi_tile_rows_and_channels"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_extras", [True, False], ids=["bias_res_scale_mask", "plain"])
+@pytest.mark.parametrize("B,T,c_in,c_out,k,causal", CONV_CASES)
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_conv_glu_forward_and_backward_match_reference(backend, B, T, c_in, c_out, k, causal, with_extras, dtype):
+    x, w, b, res = conv_inputs(B, T, c_in, c_out, k, dtype, requires_grad=True)
+    mask = None
+    if with_extras:
+        mask = torch.zeros(B, T, dtype=torch.bool)
+        mask[-1, : T // 2] = True  # left padding of the last row, as the encoder sees it
+    kw = dict(causal=causal, residual=res if with_extras else None, scale=math.sqrt(0.5) if with_extras else None,
+              pad_mask=mask)
+    bias = b if with_extras else None
+    runnable(backend, "conv_glu", x, w, bias, **kw)
+    out = ck.conv_glu(x, w, bias, backend=backend, **kw)
+    ref_inputs = [t.detach().double().requires_grad_() for t in (x, w, b, res)]
+    ref_kw = dict(kw, residual=ref_inputs[3] if with_extras else None)
+    want = ck.conv_glu_ref(ref_inputs[0], ref_inputs[1], ref_inputs[2] if with_extras else None, **ref_kw)
+    assert out.dtype == dtype and not torch.isnan(out).any()
+    assert_close("conv_glu", out, want)
+    dout = torch.randn_like(want)
+    leaves = [x, w] + ([b, res] if with_extras else [])
+    grads = torch.autograd.grad(out, leaves, dout.to(dtype))
+    want_grads = torch.autograd.grad(want, ref_inputs[:2] + (ref_inputs[2:] if with_extras else []), dout)
+    assert_grads_close(grads, want_grads, ["x", "weight", "bias", "residual"], dtype)
+    if mask is not None:
+        assert torch.all(grads[0][mask] == 0), "padded input steps get no gradient"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_conv_glu_gradcheck_float64(backend, causal):
+    x, w, b, res = conv_inputs(2, 5, 6, 4, 3, torch.float64, requires_grad=True)
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[1, :2] = True
+    runnable(backend, "conv_glu", x, w, b, causal=causal, residual=res, scale=0.7, pad_mask=mask)
+    fn = lambda x, w, b, r: ck.conv_glu(x, w, b, causal=causal, residual=r, scale=0.7, pad_mask=mask,
+                                        backend=backend)
+    assert torch.autograd.gradcheck(fn, (x, w, b, res))
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_conv_glu_strided_input(backend):
+    big = torch.randn(2, 6, 20)
+    x = big[:, :, 3:15]  # last dim contiguous, rows strided
+    _, w, b, res = conv_inputs(2, 6, 12, 5, 3, torch.float32)
+    runnable(backend, "conv_glu", x, w, b, causal=True, residual=res, scale=0.5)
+    out = ck.conv_glu(x, w, b, causal=True, residual=res, scale=0.5, backend=backend)
+    assert_close("conv_glu", out, ck.conv_glu_ref(x, w, b, causal=True, residual=res, scale=0.5))
+
+
+def test_cpp_conv_glu_traces_under_torch_compile():
+    x, w, b, res = conv_inputs(2, 5, 8, 4, 3, torch.float32)
+    runnable("cpp", "conv_glu", x, w, b, causal=True, residual=res, scale=0.5)
+    fn = lambda x: ck.conv_glu(x, w, b, causal=True, residual=res, scale=0.5, backend="cpp") * 2
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), fn(x))
+
+
+# --- the reference against an independent formulation ------------------------------------------
+def naive_conv_glu(x, weight, bias, causal, residual=None, scale=None, pad_mask=None):
+    """Sum over taps with explicit zero padding: out[t] = sum_j x[t + j - left] @ W[j]."""
+    B, T, _ = x.shape
+    k, _, c2 = weight.shape
+    if pad_mask is not None:
+        x = x * (~pad_mask).unsqueeze(-1).to(x.dtype)
+    left = k - 1 if causal else (k - 1) // 2
+    pre = torch.zeros(B, T, c2, dtype=x.dtype)
+    for t in range(T):
+        for j in range(k):
+            src = t + j - left
+            if 0 <= src < T:
+                pre[:, t] += x[:, src] @ weight[j]
+    if bias is not None:
+        pre += bias
+    c = c2 // 2
+    out = pre[..., :c] * torch.sigmoid(pre[..., c:])
+    if residual is not None:
+        out = out + residual
+    if scale is not None:
+        out = out * scale
+    return out
+
+
+CONV_SHAPES = [
+    pytest.param(2, 7, 8, 8, 3, id="B2_T7_C8_k3"),
+    pytest.param(1, 1, 5, 3, 3, id="T1_k3"),
+    pytest.param(3, 2, 6, 4, 5, id="k5_gt_T2"),
+    pytest.param(2, 9, 41, 13, 4, id="even_k4_odd_C41"),
+    pytest.param(2, 6, 16, 8, 1, id="k1"),
+    pytest.param(2, 5, 7, 9, 2, id="k2"),
+]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "centred"])
+@pytest.mark.parametrize("B,T,c_in,c_out,k", CONV_SHAPES)
+def test_conv_glu_ref_matches_tap_loop(B, T, c_in, c_out, k, causal):
+    x = torch.randn(B, T, c_in, dtype=torch.float64)
+    w, b = conv_weight(k, c_in, c_out, torch.float64)
+    residual = torch.randn(B, T, c_out, dtype=torch.float64)
+    pad_mask = torch.zeros(B, T, dtype=torch.bool)
+    pad_mask[0, : T // 2] = True  # left padding on the first row
+    for kw in (dict(), dict(residual=residual, scale=math.sqrt(0.5)), dict(pad_mask=pad_mask)):
+        got = ck.conv_glu_ref(x, w, b, causal=causal, **kw)
+        want = naive_conv_glu(x, w, b, causal, **kw)
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+
+
+def test_conv_padding_rule():
+    assert ck.reference.conv_padding(3, causal=True) == (2, 0)
+    assert ck.reference.conv_padding(3, causal=False) == (1, 1)
+    assert ck.reference.conv_padding(4, causal=False) == (1, 2)  # fairseq's even-k rule
+    assert ck.reference.conv_padding(1, causal=False) == (0, 0)
+
+
+def test_conv_glu_ref_is_causal():
+    x = torch.randn(1, 8, 4, dtype=torch.float64)
+    w, b = conv_weight(3, 4, 4, torch.float64)
+    base = ck.conv_glu_ref(x, w, b, causal=True)
+    x2 = x.clone()
+    x2[:, 5:] += 1.0
+    out2 = ck.conv_glu_ref(x2, w, b, causal=True)
+    torch.testing.assert_close(out2[:, :5], base[:, :5], atol=0, rtol=0)
+    assert not torch.allclose(out2[:, 5:], base[:, 5:])
+
+
+def test_conv_glu_ref_gradcheck():
+    x, w, b, res = conv_inputs(2, 4, 3, 2, 3, torch.float64, requires_grad=True)
+    fn = lambda x, w, b, r: ck.conv_glu_ref(x, w, b, causal=True, residual=r, scale=0.7)
+    assert torch.autograd.gradcheck(fn, (x, w, b, res))
+
+
+def test_conv_glu_follows_autocast_like_pytorch_layers():
+    """Under bf16 autocast the op casts its inputs as F.conv1d would (mixed fp32 weights and
+    bf16 activations), and still matches the reference on the cast inputs."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8)
+    w = torch.randn(3, 8, 12) / 5
+    b = torch.randn(12)
+    res = torch.randn(2, 5, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ck.conv_glu(x.bfloat16(), w, b, causal=True, residual=res, scale=0.5, backend="reference")
+        ctx = ck.attention_embsum(torch.randn(2, 3, 8).bfloat16(), x, x, torch.tensor([5, 3]), backend="reference")
+    assert out.dtype == torch.bfloat16 and ctx.dtype == torch.bfloat16
+    want = ck.conv_glu_ref(x.bfloat16(), w.bfloat16(), b.bfloat16(), causal=True, residual=res.bfloat16(), scale=0.5)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+# --- GPUs: bf16 and the paper's large shapes at the autotuned block sizes ----------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("B,T,C,k,causal", [(160, 25, 512, 3, True), (160, 25, 768, 3, False),
+                                           (160, 25, 2048, 1, True), (4, 1000, 256, 5, True)])
+def test_conv_glu_paper_shapes_on_gpu(B, T, C, k, causal, dtype):
+    dev = "cuda"
+    x = torch.randn(B, T, C, device=dev, dtype=dtype, requires_grad=True)
+    w, b = (t.requires_grad_() for t in conv_weight(k, C, C, dtype, dev))
+    res = torch.randn(B, T, C, device=dev, dtype=dtype, requires_grad=True)
+    mask = torch.zeros(B, T, dtype=torch.bool, device=dev)
+    mask[::3, : T // 3] = True
+    kw = dict(causal=causal, residual=res, scale=math.sqrt(0.5), pad_mask=None if causal else mask)
+    out = ck.conv_glu(x, w, b, backend="triton", **kw)
+    ref_in = [t.detach().double().requires_grad_() for t in (x, w, b, res)]
+    want = ck.conv_glu_ref(ref_in[0], ref_in[1], ref_in[2], **dict(kw, residual=ref_in[3]))
+    assert_close("conv_glu", out, want)
+    dout = torch.randn_like(want)
+    grads = torch.autograd.grad(out, (x, w, b, res), dout.to(dtype))
+    want_grads = torch.autograd.grad(want, ref_in, dout)
+    assert_grads_close(grads, want_grads, ["x", "weight", "bias", "residual"], dtype)
+
+
+# --- input errors -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: ck.conv_glu(torch.randn(3, 4), torch.randn(3, 4, 6), causal=True), "x must have 3 dimensions"),
+        (lambda: ck.conv_glu(torch.randn(1, 3, 5), torch.randn(3, 4, 6), causal=True), "C_in = 4"),
+        (lambda: ck.conv_glu(torch.randn(1, 3, 4), torch.randn(3, 4, 5), causal=True), "even last dimension"),
+        (lambda: ck.conv_glu(torch.randn(1, 3, 4).double(), torch.randn(3, 4, 6), causal=True), "dtype"),
+        (lambda: ck.conv_glu(torch.randint(0, 3, (1, 3, 4)), torch.randn(3, 4, 6), causal=True), "floating-point"),
+        (lambda: ck.conv_glu(torch.randn(1, 3, 4), torch.randn(3, 4, 6), causal=True,
+                             pad_mask=torch.zeros(1, 3)), "bool"),
+        (lambda: ck.conv_glu(torch.randn(1, 3, 4), torch.randn(3, 4, 6), causal=True,
+                             residual=torch.randn(1, 3, 4)), "residual must have shape"),
+    ],
+)
+def test_conv_glu_bad_inputs_name_the_problem(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()

@@ -1,0 +1,140 @@
+"""Random-shape fuzzing of every op against its reference, on every backend that runs here.
+
+Seeded (``CONVS2S_FUZZ_SEED``, printed on failure) and bounded in time (``CONVS2S_FUZZ_SECONDS``
+per op and backend, and at most ``MAX_CASES`` cases): odd sizes, strided and non-contiguous
+inputs (row slices of wider buffers, batch-inner storage), repeated beam parents, padded
+sources. Each case compares the backend with the reference computed in float64.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+
+import pytest
+import torch
+
+import convs2s_kernels as ck
+from convs2s_kernels.testing import assert_close
+from convs2s_kernels.ops import TRITON_OPS
+from harness import require_or_skip
+from test_decoder_step import TOLERANCE, make_step
+
+SEED = int(os.environ.get("CONVS2S_FUZZ_SEED", "20261123"))
+SECONDS = float(os.environ.get("CONVS2S_FUZZ_SECONDS", "6"))
+MAX_CASES = 60
+MIN_CASES = 3  # a fuzz run that tried fewer cases than this proves nothing: it fails
+
+
+def scramble(t: torch.Tensor, rng: random.Random) -> torch.Tensor:
+    """The same values in another memory layout: contiguous, a row slice of a wider buffer, or
+    stored with the first two dimensions swapped."""
+    mode = rng.randrange(3)
+    if mode == 1:
+        wide = torch.randn(*t.shape[:-1], t.shape[-1] + rng.randint(1, 5), dtype=t.dtype)
+        wide[..., : t.shape[-1]] = t
+        return wide[..., : t.shape[-1]]
+    if mode == 2 and t.dim() >= 2:
+        return t.transpose(0, 1).contiguous().transpose(0, 1)
+    return t
+
+
+def conv_glu_case(rng, dtype):
+    B, T, c_in, c_out, k = rng.randint(1, 3), rng.randint(1, 19), rng.randint(1, 37), rng.randint(1, 37), rng.randint(1, 5)
+    x = torch.randn(B, T, c_in, dtype=dtype)
+    w = (torch.randn(k, c_in, 2 * c_out) / math.sqrt(k * c_in)).to(dtype)
+    kw = dict(causal=rng.random() < 0.5)
+    if rng.random() < 0.5:
+        kw.update(residual=scramble(torch.randn(B, T, c_out, dtype=dtype), rng), scale=rng.uniform(0.3, 1.0))
+    if rng.random() < 0.5:
+        kw["pad_mask"] = torch.arange(T)[None, :] < torch.randint(0, T, (B, 1))
+    bias = (0.1 * torch.randn(2 * c_out)).to(dtype) if rng.random() < 0.7 else None
+    return (scramble(x, rng), w, bias), kw
+
+
+def attention_case(rng, dtype):
+    B, T, S, E = rng.randint(1, 4), rng.randint(1, 6), rng.randint(1, 23), rng.randint(1, 37)
+    q = torch.randn(B, T, E, dtype=dtype) / math.sqrt(E)
+    z, y = (scramble(torch.randn(B, S, E, dtype=dtype), rng) for _ in range(2))
+    lengths = torch.randint(1, S + 1, (B,)) if rng.random() < 0.7 else None
+    return (scramble(q, rng), z, y, lengths), dict(left_pad=rng.random() < 0.7, return_attn=rng.random() < 0.5)
+
+
+def conv_step_case(rng, dtype):
+    n_prev, n, c_in, c_out, k = rng.randint(1, 8), rng.randint(1, 11), rng.randint(1, 70), rng.randint(1, 70), rng.randint(1, 5)
+    x_t = scramble(torch.randn(n, c_in, dtype=dtype), rng)
+    state = scramble(torch.randn(n_prev, k - 1, c_in, dtype=dtype), rng)
+    w = (torch.randn(k, c_in, 2 * c_out) / math.sqrt(k * c_in)).to(dtype)
+    parents = torch.randint(0, n_prev, (n,))
+    parents[-1] = parents[0]  # a repeated parent
+    return (x_t, state, w, (0.1 * torch.randn(2 * c_out)).to(dtype), parents), {}
+
+
+def linear_case(rng, dtype):
+    rows, K, N = rng.randint(1, 12), rng.randint(1, 300), rng.randint(1, 300)
+    w = (torch.randn(N, K) / math.sqrt(K)).to(dtype)
+    return (scramble(torch.randn(rows, K, dtype=dtype), rng), w, torch.randn(N, dtype=dtype)), {}
+
+
+def linear_int8_case(rng, dtype):
+    (x, w, b), _ = linear_case(rng, dtype)
+    q, s = ck.quantize_int8(w)
+    return (x, q, s.to(dtype), b), {}
+
+
+def decoder_step_case(rng, dtype):
+    B, beam, S = rng.randint(1, 3), rng.randint(1, 4), rng.randint(1, 9)
+    x, states, layers, emb, pad, lengths = make_step(B, beam, S, int8=dtype == torch.float32 and rng.random() < 0.3,
+                                                     dtype=dtype)
+    parents = torch.randint(0, B * beam, (B * beam,))
+    return (x, states, layers, emb, pad, lengths, parents), dict(need_attn=rng.random() < 0.5)
+
+
+CASES = {"conv_glu": conv_glu_case, "attention_embsum": attention_case, "conv_step": conv_step_case,
+         "linear": linear_case, "linear_int8": linear_int8_case, "decoder_step": decoder_step_case}
+REFERENCES = {"conv_glu": ck.conv_glu_ref, "attention_embsum": ck.attention_embsum_ref, "conv_step": ck.conv_step_ref,
+              "linear": ck.linear_ref, "linear_int8": ck.linear_int8_ref, "decoder_step": ck.decoder_step_ref}
+
+
+def as_double(value):
+    return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
+def check_case(op, backend, args, kwargs, dtype):
+    got = getattr(ck, op)(*args, **kwargs, backend=backend)
+    if op == "decoder_step":
+        want = ck.decoder_step_ref(*args, **kwargs)
+        torch.testing.assert_close(got[0], want[0], **TOLERANCE[dtype])
+        return
+    want = REFERENCES[op](*(as_double(a) for a in args), **kwargs)
+    got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+    for g, w in zip(got, want):
+        assert_close(op, g, w)
+
+
+# every op on cpp; Triton has kernels for three of them (on GPUs the others are cuBLAS GEMMs)
+PAIRS = [("cpp", op) for op in CASES] + [("triton", op) for op in TRITON_OPS]
+
+
+@pytest.mark.parametrize("backend,op", PAIRS)
+@torch.no_grad()
+def test_fuzz_against_reference(op, backend):
+    require_or_skip(backend)
+    rng = random.Random(f"{SEED}-{op}-{backend}")
+    torch.manual_seed(rng.randrange(2 ** 31))
+    tried, ran, deadline = 0, 0, time.monotonic() + SECONDS
+    while tried < MAX_CASES and (time.monotonic() < deadline or tried < MIN_CASES):
+        dtype = rng.choice([torch.float32, torch.float64] if op not in ("linear", "decoder_step") else [torch.float32])
+        args, kwargs = CASES[op](rng, dtype)
+        tried += 1
+        if ck.backend_reasons(backend, op, args[0].device, *args, **kwargs):
+            continue  # outside what this backend takes (e.g. more rows than a few-row kernel)
+        try:
+            check_case(op, backend, args, kwargs, dtype)
+        except AssertionError as exc:
+            raise AssertionError(f"{op} on {backend}, case {tried} (CONVS2S_FUZZ_SEED={SEED}, {dtype}, "
+                                 f"shapes {[tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]}): {exc}")
+        ran += 1
+    assert ran >= MIN_CASES, f"only {ran} of {tried} fuzz cases of {op} ran on {backend}"

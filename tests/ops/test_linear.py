@@ -1,0 +1,76 @@
+"""``linear``: the cpp few-row kernel against ``F.linear`` (every row count it takes, fp32 and bf16,
+ragged sizes), its fallback where it does not apply, and the raw kernel's own refusals."""
+
+import pytest
+import torch
+
+import convs2s_kernels as ck
+from convs2s_kernels.testing import assert_close
+from harness import require_or_skip, runnable
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+@pytest.mark.parametrize("backend", ["cpp"])  # Triton has no linear: on GPUs it is a cuBLAS GEMM
+@torch.no_grad()
+def test_linear_matches_reference(backend, rows):
+    x, w, b = torch.randn(rows, 96), torch.randn(200, 96) / 10, torch.randn(200)
+    runnable(backend, "linear", x, w, b)
+    assert_close("linear", ck.linear(x, w, b, backend=backend), ck.linear_ref(x.double(), w.double(), b.double()))
+
+
+@pytest.mark.parametrize("rows", range(1, 9))
+@pytest.mark.parametrize("K,N", [(300, 77), (16, 16), (1, 5), (513, 1030)])
+@torch.no_grad()
+def test_cpp_linear_every_row_count_and_ragged_sizes(rows, K, N):
+    g = torch.Generator().manual_seed(rows * 1000 + K)
+    x = torch.randn(rows, K, generator=g)
+    w = torch.randn(N, K, generator=g) / K ** 0.5
+    b = torch.randn(N, generator=g)
+    runnable("cpp", "linear", x, w, b)
+    torch.testing.assert_close(ck.linear(x, w, b, backend="cpp"), torch.nn.functional.linear(x, w, b),
+                               atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(ck.linear(x, w, backend="cpp"), torch.nn.functional.linear(x, w), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [2, 5, 8])
+@torch.no_grad()
+def test_cpp_linear_bf16_matches_a_bf16_linear(rows):
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 200, generator=g).bfloat16()
+    w = (torch.randn(70, 200, generator=g) / 14).bfloat16()
+    b = torch.randn(70, generator=g).bfloat16()
+    runnable("cpp", "linear", x, w, b)
+    out = ck.linear(x, w, b, backend="cpp")
+    assert out.dtype == torch.bfloat16
+    want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    torch.testing.assert_close(out.double(), want, atol=3e-2, rtol=2e-2)
+
+
+def test_cpp_linear_kernel_rejects_what_it_cannot_do():
+    """The raw kernel refuses what its capability record says the dispatcher must not send it."""
+    require_or_skip("cpp")
+    native = ck.extension.native()
+    with pytest.raises(RuntimeError, match="1..8 rows"):
+        native.small_linear(torch.randn(9, 4), torch.randn(3, 4))
+    with pytest.raises(RuntimeError, match="float32 or bf16"):
+        native.small_linear(torch.randn(2, 4).double(), torch.randn(3, 4).double())
+    assert ck.extension.small_gemm_isa() in ("avx512f", "avx2+fma", "baseline")
+
+
+def test_linear_falls_back_where_the_cpp_kernel_does_not_apply():
+    w = torch.randn(7, 5, requires_grad=True)
+    cpu = torch.device("cpu")
+    assert ck.backend_reasons("cpp", "linear", cpu, torch.randn(9, 5), w.detach())  # too many rows
+    assert ck.backend_reasons("cpp", "linear", cpu, torch.randn(3, 5), w)  # needs a gradient
+    out = ck.linear(torch.randn(3, 5), w, backend="cpp,reference")  # falls back, keeps autograd
+    out.sum().backward()
+    assert w.grad is not None
+
+
+def test_linear_bad_inputs_name_the_problem():
+    with pytest.raises(ValueError, match="weight expects 5 input features but x has 4"):
+        ck.linear(torch.randn(2, 4), torch.randn(3, 5))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        ck.linear(torch.randn(2, 5), torch.randn(3, 5), torch.randn(4))
+    with pytest.raises(TypeError, match="x must be a tensor"):
+        ck.linear(3.0, torch.randn(3, 5))

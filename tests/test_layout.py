@@ -1,0 +1,87 @@
+"""The layering the code relies on, checked so that it stays true:
+
+* nothing outside ``convs2s_kernels`` touches one of its names starting with ``_``;
+* the model package imports nothing from the benchmarks (``convs2s_bench``) at import time;
+* every op has its folder with the public function, its reference and its backends' glue;
+* no function in the packages is 60 lines or longer.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import convs2s_kernels as ck
+from convs2s_kernels.ops import TRITON_OPS
+
+REPO = Path(__file__).resolve().parent.parent
+OUTSIDE_KERNELS = ["convs2s", "bench", "tests", "examples", "scripts"]
+PACKAGES = ["convs2s", "convs2s_kernels", "bench/convs2s_bench"]
+OPS = ["conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8", "decoder_step"]
+MAX_FUNCTION_LINES = 60
+
+
+def python_files(folders):
+    for folder in folders:
+        yield from sorted((REPO / folder).rglob("*.py"))
+
+
+def private_kernel_names(tree: ast.AST):
+    """``(line, text)`` of every reach into a private name of convs2s_kernels in a module."""
+    aliases = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname or a.name for a in node.names if a.name.split(".")[0] == "convs2s_kernels"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "convs2s_kernels":
+            aliases |= {a.asname or a.name for a in node.names}  # modules of it, e.g. `dispatch`
+            parts = node.module.split(".") + [a.name for a in node.names]
+            if any(p.startswith("_") and not p.startswith("__") for p in parts):
+                yield node.lineno, f"from {node.module} import {', '.join(a.name for a in node.names)}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in aliases | {"ck"}:
+                yield node.lineno, ast.unparse(node)
+
+
+def test_nothing_outside_the_kernel_library_touches_its_private_names():
+    found = [f"{path.relative_to(REPO)}:{line}: {text}"
+             for path in python_files(OUTSIDE_KERNELS) for line, text in private_kernel_names(ast.parse(path.read_text()))]
+    assert not found, "private names of convs2s_kernels used outside it:\n" + "\n".join(found)
+
+
+def test_the_private_name_check_can_fail():
+    tree = ast.parse("import convs2s_kernels as ck\nck._cpp._C.f()\nfrom convs2s_kernels._checks import x\n"
+                     "from convs2s_kernels import dispatch\ndispatch._REGISTRY.clear()\n")
+    assert sorted(line for line, _ in private_kernel_names(tree)) == [2, 2, 3, 5]
+
+
+def test_the_model_package_does_not_import_the_benchmarks():
+    for path in python_files(["convs2s"]):
+        for node in ast.parse(path.read_text()).body:  # module level: what `import convs2s` runs
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.startswith("convs2s_bench") for n in names), f"{path.name} imports {names}"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_each_op_has_one_folder_with_everything(op):
+    folder = REPO / "convs2s_kernels" / "ops" / op
+    have = {p.name for p in folder.glob("*.py")}
+    want = {"__init__.py", "api.py", "reference.py", "cpp.py"} | ({"triton.py", "triton_kernels.py"} if op in TRITON_OPS else set())
+    assert want <= have, f"{folder} lacks {sorted(want - have)}"
+    assert (REPO / "tests" / "ops" / f"test_{op}.py").exists()
+    assert callable(getattr(ck, op)) and callable(getattr(ck, f"{op}_ref"))
+
+
+def test_no_function_is_60_lines_or_longer():
+    long = []
+    for path in python_files(PACKAGES):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines >= MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "split these by job:\n" + "\n".join(long)
