@@ -21,6 +21,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+import convs2s_kernels as ck
+
 from .errors import Convs2sError
 from .model import ConvS2SModel
 from .special_tokens import EOS, PAD, UNK
@@ -178,6 +180,14 @@ def _only_eos(lprobs: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None
     lprobs[rows, EOS] = eos_col
 
 
+def _only_eos_where(lprobs: torch.Tensor, rows: torch.Tensor) -> None:
+    """:func:`_only_eos` for the rows where the bool mask ``rows`` is True, without indexing by
+    the mask (which would read it back to the host)."""
+    eos_col = lprobs[:, EOS].clone()
+    lprobs.masked_fill_(rows.unsqueeze(1), float("-inf"))
+    lprobs[:, EOS] = torch.where(rows, eos_col, lprobs[:, EOS])
+
+
 def _apply_rules(lprobs: torch.Tensor, step: int, max_len: int, min_len: int, unkpen: float) -> None:
     """The rules of every step, in place: never PAD, UNK penalised by ``unkpen``, only EOS at
     ``max_len``, no EOS before ``min_len``."""
@@ -206,32 +216,69 @@ class _Candidates:
 
 def _beam_search(model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions, forced_len=None,
                  step_hook=None) -> List[List[dict]]:
-    """One batch's sorted hypotheses per sentence (fairseq's ``SequenceGenerator._generate``)."""
+    """One batch's sorted hypotheses per sentence (fairseq's ``SequenceGenerator._generate``).
+
+    A step reads nothing back from the device: finished hypotheses go to preallocated tensors,
+    and the host learns which sentences are done through a :class:`_Mailbox` (on GPUs, without
+    waiting); index ranges are the search's own, so the ops' per-call checks are skipped.
+    """
     search = _BeamSearch(model, src, options, forced_len)
     if step_hook is not None:
         step_hook(-1)
-    for step in range(search.max_len + 1):
-        cands = search.candidates(step, search.lprobs(step))
-        newly_finished = search.finalize_eos(step, cands)
-        if search.remaining == 0 or step >= search.max_len:
+    with ck.trusted_indices():
+        for step in range(search.max_len + 1):
+            cands = search.candidates(step, search.lprobs(step))
+            search.finalize_eos(step, cands)
+            done_rows = search.done_rows()
+            if search.all_done() or step >= search.max_len:
+                if step_hook is not None:
+                    step_hook(step)
+                break
+            batch_idxs = None
+            if done_rows:
+                batch_idxs = search.drop_sentences(done_rows)
+                cands = cands.select(batch_idxs)
+            search.advance(step, cands, batch_idxs)
             if step_hook is not None:
                 step_hook(step)
-            break
-        batch_idxs = None
-        if newly_finished:
-            batch_idxs = search.drop_sentences(newly_finished)
-            cands = cands.select(batch_idxs)
-        search.advance(step, cands, batch_idxs)
-        if step_hook is not None:
-            step_hook(step)
-    for hyps in search.finalized:
-        hyps.sort(key=lambda h: h["score"], reverse=True)
-    return search.finalized
+    return search.results()
+
+
+class _Mailbox:
+    """News from the device without waiting for it: :meth:`post` queues a copy of a small tensor
+    to (pinned) host memory, :meth:`read` returns the newest copy that has arrived, or None.
+
+    On a CPU the copy arrives at once. On a GPU a new copy is queued only once the previous one
+    has been read, so a slow device delays the news by a step or two but never blocks the host.
+    Its host buffer is marked ``mailbox`` (tests tell its reads from round trips that wait).
+    """
+
+    def __init__(self, like: torch.Tensor):
+        self.cuda = like.device.type == "cuda"
+        self.host = torch.empty(like.shape, dtype=like.dtype, pin_memory=self.cuda)
+        self.host.mailbox = True
+        self.event = torch.cuda.Event() if self.cuda else None
+        self.in_flight = False
+
+    def post(self, tensor: torch.Tensor) -> None:
+        if self.in_flight:
+            return
+        self.host.copy_(tensor, non_blocking=self.cuda)
+        if self.cuda:
+            self.event.record()
+        self.in_flight = True
+
+    def read(self) -> Optional[list]:
+        if not self.in_flight or (self.cuda and not self.event.query()):
+            return None
+        self.in_flight = False
+        return self.host.tolist()
 
 
 class _BeamSearch:
     """The buffers of one batch's beam search: ``bsz * k`` rows (a sentence's beams adjacent) of
-    tokens (EOS first), cumulative scores and attention; sentences leave the batch once done."""
+    tokens (EOS first), cumulative scores and attention; finished hypotheses in preallocated
+    tensors (:class:`_Finished`); sentences leave the batch once the host knows they are done."""
 
     def __init__(self, model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions, forced_len=None):
         self.model, self.options, self.forced_len = model, options, forced_len
@@ -249,28 +296,27 @@ class _BeamSearch:
         self.tokens[:, 0] = EOS
         self.scores = torch.zeros(bsz * k, max_len + 1, device=device)
         self.attn = torch.zeros(bsz * k, src_len, max_len + 2, device=device) if options.need_attn else None
-        self.src_lengths = encoder_out.src_lengths.repeat_interleave(k)
-        self.finalized: List[List[dict]] = [[] for _ in range(bsz)]
-        self.finished = [False] * bsz
-        self.remaining = bsz
+        self.finished = _Finished(bsz, k, max_len, src_len if options.need_attn else 0, device)
+        self.src_lengths = encoder_out.src_lengths.tolist()  # per sentence, once: trims the attention
         self.cand_size = 2 * k
         self.bbsz_offsets = (torch.arange(bsz, device=device) * k).unsqueeze(1)
         self.cand_offsets = torch.arange(self.cand_size, device=device)
         self.cands_to_ignore = torch.zeros(bsz, k, dtype=torch.bool, device=device)
         self.sent_ids = torch.arange(bsz, device=device)  # original sentence of each active batch row
+        self.host_sent_ids = list(range(bsz))  # the same, as the host knows it (no read needed)
+        self.host_done = [False] * bsz  # sentences the host knows are finished
+        self.mailbox = _Mailbox(self.finished.done)
 
     def lprobs(self, step: int) -> torch.Tensor:
         """Decode one step; the log-probabilities of every row's next token under the step's rules."""
         logits, step_attn = self.model.decode_step(self.tokens[:, step], self.state, need_attn=self.options.need_attn)
         lprobs = torch.log_softmax(logits.float(), dim=-1)
-        lprobs[lprobs != lprobs] = float("-inf")
+        lprobs.masked_fill_(torch.isnan(lprobs), float("-inf"))
         _apply_rules(lprobs, step, self.max_len, self.options.min_len, self.options.unkpen)
         if self.forced_len is not None and step < self.max_len:
             rows_len = self.forced_len[self.sent_ids].repeat_interleave(self.k)
-            lprobs[step < rows_len, EOS] = float("-inf")
-            at_length = step == rows_len  # end exactly there
-            if bool(at_length.any()):
-                _only_eos(lprobs, at_length)
+            lprobs[:, EOS].masked_fill_(step < rows_len, float("-inf"))
+            _only_eos_where(lprobs, step == rows_len)  # end exactly there
         if self.attn is not None and step_attn is not None:
             self.attn[:, :, step + 1].copy_(step_attn)
         return lprobs
@@ -287,60 +333,49 @@ class _BeamSearch:
         cand_scores, cand_flat = torch.topk(flat, k=min(self.cand_size, flat.shape[1] - 1))
         cand_indices = cand_flat.fmod(V)
         eos_mask = cand_indices.eq(EOS) & cand_scores.ne(float("-inf"))
-        eos_mask[:, :k][self.cands_to_ignore] = False
+        eos_mask[:, :k] &= ~self.cands_to_ignore
         return _Candidates(cand_scores, cand_indices, torch.div(cand_flat, V, rounding_mode="floor"), eos_mask)
 
-    def finalize_eos(self, step: int, cands: _Candidates) -> List[int]:
-        """Finalise the EOS candidates among the top ``k``; the batch rows of sentences now done."""
+    def finalize_eos(self, step: int, cands: _Candidates) -> None:
+        """Record the EOS candidates among the top ``k`` (on the device) and post which sentences
+        are done."""
         k = self.k
-        top_eos = cands.eos_mask[:, :k]
-        eos_bbsz_idx = (cands.beams + self.bbsz_offsets)[:, :k][top_eos]
-        if eos_bbsz_idx.numel() == 0:
-            return []
-        newly = self._finalize(step, eos_bbsz_idx, cands.scores[:, :k][top_eos])
-        self.remaining -= len(newly)
-        return newly
-
-    def _finalize(self, step: int, bbsz_idx: torch.Tensor, eos_scores: torch.Tensor) -> List[int]:
-        """Record the hypotheses ending in EOS at ``step``; return the batch rows of sentences now done."""
-        k, lenpen = self.k, self.options.lenpen
-        tokens_clone = self.tokens.index_select(0, bbsz_idx)[:, 1 : step + 2].clone()
-        tokens_clone[:, step] = EOS
-        pos_scores = self.scores.index_select(0, bbsz_idx)[:, : step + 1].clone()
-        pos_scores[:, step] = eos_scores
+        parents = (cands.beams + self.bbsz_offsets)[:, :k].reshape(-1)
+        eos_scores = cands.scores[:, :k]
+        tokens = self.tokens.index_select(0, parents)[:, 1 : step + 2].clone()
+        tokens[:, step] = EOS
+        pos_scores = self.scores.index_select(0, parents)[:, : step + 1].clone()
+        pos_scores[:, step] = eos_scores.reshape(-1)
         pos_scores[:, 1:] = pos_scores[:, 1:] - pos_scores[:, :-1]
-        norm_scores = eos_scores / (step + 1) ** lenpen
-        attn_clone = self.attn.index_select(0, bbsz_idx)[:, :, 1 : step + 2] if self.attn is not None else None
-        batch_rows = torch.div(bbsz_idx, k, rounding_mode="floor").tolist()
-        for i, row in enumerate(batch_rows):
-            sent = int(self.sent_ids[row])
-            if len(self.finalized[sent]) < k:
-                hypo = {"tokens": tokens_clone[i], "score": float(norm_scores[i]), "positional_scores": pos_scores[i]}
-                if attn_clone is not None:
-                    L = int(self.src_lengths[bbsz_idx[i]])
-                    hypo_attn = attn_clone[i][-L:]  # unpadded source (left padding), EOS included
-                    hypo["attention"] = hypo_attn
-                    hypo["alignment"] = hypo_attn.argmax(dim=0)
-                self.finalized[sent].append(hypo)
-        newly = []
-        for row in sorted(set(batch_rows)):
-            sent = int(self.sent_ids[row])
-            if not self.finished[sent] and (len(self.finalized[sent]) == k or step == self.max_len):
-                self.finished[sent] = True
-                newly.append(row)
-        return newly
+        attn = self.attn.index_select(0, parents)[:, :, 1 : step + 2] if self.attn is not None else None
+        self.finished.record(step, self.sent_ids, cands.eos_mask[:, :k], tokens, pos_scores,
+                             eos_scores / (step + 1) ** self.options.lenpen, attn, step == self.max_len)
+        self.mailbox.post(self.finished.done)
+
+    def done_rows(self) -> List[int]:
+        """The batch rows of sentences the host has just learnt are done (from the mailbox)."""
+        news = self.mailbox.read()
+        if news is None:
+            return []
+        rows = [row for row, sent in enumerate(self.host_sent_ids) if news[sent] and not self.host_done[sent]]
+        for row in rows:
+            self.host_done[self.host_sent_ids[row]] = True
+        return rows
+
+    def all_done(self) -> bool:
+        return all(self.host_done)
 
     def drop_sentences(self, done_rows: List[int]) -> torch.Tensor:
         """Remove the finished sentences' rows from every buffer; the batch rows kept."""
         k = self.k
-        keep = torch.ones(self.bsz, dtype=torch.bool, device=self.device)
-        keep[done_rows] = False
-        batch_idxs = keep.nonzero().squeeze(1)
-        self.bsz = batch_idxs.numel()
+        kept = [row for row in range(self.bsz) if row not in set(done_rows)]
+        batch_idxs = torch.tensor(kept, dtype=torch.long, device=self.device)
+        self.bsz = len(kept)
+        self.host_sent_ids = [self.host_sent_ids[row] for row in kept]
         self.cands_to_ignore = self.cands_to_ignore[batch_idxs]
         self.bbsz_offsets = self.bbsz_offsets[: self.bsz]
         rows = (batch_idxs.unsqueeze(1) * k + torch.arange(k, device=self.device)).view(-1)
-        self.scores, self.tokens, self.src_lengths = self.scores[rows], self.tokens[rows], self.src_lengths[rows]
+        self.scores, self.tokens = self.scores[rows], self.tokens[rows]
         if self.attn is not None:
             self.attn = self.attn[rows]
         self.sent_ids = self.sent_ids[batch_idxs]
@@ -373,6 +408,66 @@ class _BeamSearch:
             sentence_of_row = torch.div(active_bbsz_idx, k, rounding_mode="floor")
             parents = active_bbsz_idx + (batch_idxs[sentence_of_row] - sentence_of_row) * k
         self.state.reorder(parents, sentence_index=batch_idxs)
+
+
+    def results(self) -> List[List[dict]]:
+        """Each sentence's finished hypotheses, best first (turned into Python objects once)."""
+        return self.finished.hypotheses(self.src_lengths)
+
+
+class _Finished:
+    """Finished hypotheses in preallocated tensors: ``k`` slots per sentence, plus one scratch
+    slot per candidate where the candidates that do not end are written, so that recording is the
+    same few tensor ops at every step (no data-dependent indexing, nothing read by the host)."""
+
+    def __init__(self, bsz: int, k: int, max_len: int, src_len: int, device):
+        self.k, self.slots = k, bsz * k
+        total = 2 * self.slots
+        self.tokens = torch.full((total, max_len + 1), PAD, dtype=torch.long, device=device)
+        self.pos_scores = torch.zeros(total, max_len + 1, device=device)
+        self.scores = torch.zeros(total, device=device)
+        self.lengths = torch.zeros(total, dtype=torch.long, device=device)
+        self.attn = torch.zeros(total, src_len, max_len + 1, device=device) if src_len else None
+        self.count = torch.zeros(bsz, dtype=torch.long, device=device)
+        self.done = torch.zeros(bsz, dtype=torch.bool, device=device)
+        self.scratch = torch.arange(self.slots, total, device=device)
+
+    def record(self, step: int, sent_ids, top_eos, tokens, pos_scores, norm_scores, attn, at_max_len: bool) -> None:
+        """Keep each EOS candidate (in score order) while its sentence has fewer than ``k``
+        hypotheses; a sentence is done with ``k`` of them, or at ``max_len`` (fairseq's rules)."""
+        B, k = top_eos.shape
+        active = ~self.done[sent_ids]
+        slot = self.count[sent_ids].unsqueeze(1) + top_eos.long().cumsum(1) - 1
+        keep = top_eos & (slot < k) & active.unsqueeze(1)
+        dest = torch.where(keep, sent_ids.unsqueeze(1) * k + slot, self.scratch[: B * k].view(B, k)).view(-1)
+        self.tokens[:, : step + 1].index_copy_(0, dest, tokens)
+        self.pos_scores[:, : step + 1].index_copy_(0, dest, pos_scores)
+        self.scores.index_copy_(0, dest, norm_scores.reshape(-1))
+        self.lengths.index_fill_(0, dest, step + 1)
+        if self.attn is not None:
+            self.attn[:, :, : step + 1].index_copy_(0, dest, attn)
+        count = self.count[sent_ids] + keep.sum(1)
+        self.count.index_copy_(0, sent_ids, count)
+        newly = active & ((count >= k) | at_max_len)
+        self.done.index_copy_(0, sent_ids, self.done[sent_ids] | newly)
+
+    def hypotheses(self, src_lengths: List[int]) -> List[List[dict]]:
+        counts, scores = self.count.tolist(), self.scores[: self.slots].tolist()
+        lengths = self.lengths[: self.slots].tolist()
+        out = []
+        for sent, n in enumerate(counts):
+            hyps = []
+            for slot in range(sent * self.k, sent * self.k + n):
+                L = lengths[slot]
+                hypo = {"tokens": self.tokens[slot, :L].clone(), "score": scores[slot],
+                        "positional_scores": self.pos_scores[slot, :L].clone()}
+                if self.attn is not None:
+                    attn = self.attn[slot, -src_lengths[sent]:, :L].clone()  # unpadded source, EOS included
+                    hypo["attention"], hypo["alignment"] = attn, attn.argmax(dim=0)
+                hyps.append(hypo)
+            hyps.sort(key=lambda h: h["score"], reverse=True)
+            out.append(hyps)
+        return out
 
 
 def _vocab_subset(model: ConvS2SModel, shortlist, src: torch.Tensor, k: int):

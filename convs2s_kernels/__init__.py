@@ -15,6 +15,7 @@ Each has a pure-PyTorch twin ``<op>_ref`` (also in :mod:`convs2s_kernels.referen
 """
 
 from . import extension  # noqa: F401  (the cpp backend's availability)
+from ._checks import indices_trusted, trusted_indices
 from .dispatch import (BackendUnavailableError, Capability, available_backends, count_dispatches,
                        requested_backends, selected_backend_name)
 from .dispatch import reasons as backend_reasons
@@ -32,5 +33,5 @@ __all__ = [
     "conv_glu_ref", "attention_embsum_ref", "conv_step_ref", "linear_ref", "linear_int8_ref", "decoder_step_ref",
     "quantize_int8", "StepLayer", "StepAttention",
     "available_backends", "backend_reasons", "requested_backends", "selected_backend_name", "count_dispatches",
-    "BackendUnavailableError", "Capability", "reference",
+    "BackendUnavailableError", "Capability", "reference", "trusted_indices", "indices_trusted",
 ]

@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator, Optional, Sequence
 
 import torch
+
+_TRUSTED = ContextVar("convs2s_kernels_trusted_indices", default=False)
+
+
+@contextmanager
+def trusted_indices() -> Iterator[None]:
+    """Inside the block the ops skip the range checks of index tensors (``beam_index``,
+    ``src_lengths``), which need their values on the host: a search loop whose indices come from
+    ``topk`` checks them once per batch instead of paying a host read per op and step. Shapes,
+    dtypes and devices are still checked; the C++ kernels still check ranges where they read."""
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
+def indices_trusted() -> bool:
+    """Whether the caller vouched for the index ranges (:func:`trusted_indices`)."""
+    return _TRUSTED.get()
 
 
 def check_tensor(name: str, t, ndim: int, *, floating: bool = True) -> None:
@@ -46,7 +68,7 @@ def check_index(name: str, t: torch.Tensor, length: int, device: torch.device, *
         raise ValueError(f"{name} is on {t.device} but the inputs are on {device}")
     # A range check needs the values on the host: skip it on accelerators to avoid a sync per call,
     # and while torch.compile traces (values are unknown then; the C++ kernels check them again).
-    if t.device.type == "cpu" and t.numel() > 0 and not torch.compiler.is_compiling():
+    if t.device.type == "cpu" and t.numel() > 0 and not torch.compiler.is_compiling() and not _TRUSTED.get():
         lo, hi = int(t.min()), int(t.max())
         if lo < low or hi > high:
             raise ValueError(f"{name} values must lie in [{low}, {high}], got min {lo}, max {hi}")

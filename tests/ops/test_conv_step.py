@@ -135,3 +135,27 @@ def test_conv_step_paper_shapes_on_gpu(N, C, dtype):
 def test_conv_step_bad_inputs_name_the_problem(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+@torch.no_grad()
+def test_trusted_indices_skip_the_host_read_of_the_range_check():
+    """Inside ``trusted_indices()`` (a search loop's own topk parents) the range check, which
+    reads the indices back to the host, is skipped; shapes and dtypes are still checked."""
+    x_t, state, w, b = step_inputs(4, 4, 6, 3, 3, torch.float32)
+    parents = torch.tensor([3, 3, 0, 1])
+    calls = []
+    real_min = torch.Tensor.min
+    torch.Tensor.min = lambda self, *a, **k: calls.append("min") or real_min(self, *a, **k)
+    try:
+        ck.conv_step(x_t, state, w, b, parents, backend="reference")
+        checked = len(calls)
+        with ck.trusted_indices():
+            assert ck.indices_trusted()
+            out, _ = ck.conv_step(x_t, state, w, b, parents, backend="reference")
+            with pytest.raises(TypeError, match="int32 or int64"):
+                ck.conv_step(x_t, state, w, b, parents.float(), backend="reference")
+    finally:
+        torch.Tensor.min = real_min
+    assert checked == 1 and len(calls) == 1, calls
+    assert not ck.indices_trusted()
+    torch.testing.assert_close(out, ck.conv_step_ref(x_t, state, w, b, parents)[0])
