@@ -499,27 +499,32 @@ def greedy(model: ConvS2SModel, sources: Sequence[Sequence[int]], *, max_len_a: 
 
 
 def _greedy_batch(model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions) -> List[dict]:
+    """Argmax each step; tokens and scores go to preallocated tensors (a finished row keeps
+    decoding, its outputs ignored), and the host learns that every row is done by the mailbox."""
     B, S = src.shape
     max_len = options.max_len(model, S)
     state = model.init_decoder_state(model.encode(src), 1)
     prev = torch.full((B,), EOS, dtype=torch.long, device=src.device)
-    out_tokens: List[List[int]] = [[] for _ in range(B)]
-    out_scores: List[List[float]] = [[] for _ in range(B)]
+    tokens = torch.full((B, max_len + 1), EOS, dtype=torch.long, device=src.device)
+    scores = torch.zeros(B, max_len + 1, device=src.device)
+    lengths = torch.zeros(B, dtype=torch.long, device=src.device)
     done = torch.zeros(B, dtype=torch.bool, device=src.device)
-    for step in range(max_len + 1):
-        lprobs = torch.log_softmax(model.decode_step(prev, state)[0].float(), dim=-1)
-        _apply_rules(lprobs, step, max_len, options.min_len, options.unkpen)
-        best, tok = lprobs.max(dim=-1)
-        for b in (~done).nonzero().squeeze(1).tolist():
-            out_tokens[b].append(int(tok[b]))
-            out_scores[b].append(float(best[b]))
-        done |= tok.eq(EOS)
-        if bool(done.all()):
-            break
-        prev = tok
+    mailbox = _Mailbox(done.all())
+    with ck.trusted_indices():
+        for step in range(max_len + 1):
+            lprobs = torch.log_softmax(model.decode_step(prev, state)[0].float(), dim=-1)
+            _apply_rules(lprobs, step, max_len, options.min_len, options.unkpen)
+            best, tok = lprobs.max(dim=-1)
+            tokens[:, step], scores[:, step] = tok, best
+            lengths += ~done
+            done |= tok.eq(EOS)
+            mailbox.post(done.all())
+            if mailbox.read():
+                break
+            prev = tok
     hypos = []
-    for tokens, scores in zip(out_tokens, out_scores):
-        pos = torch.tensor(scores)
-        hypos.append({"tokens": torch.tensor(tokens), "score": float(pos.sum() / len(tokens) ** options.lenpen),
+    for b, L in enumerate(lengths.tolist()):
+        pos = scores[b, :L].clone()
+        hypos.append({"tokens": tokens[b, :L].clone(), "score": float(pos.sum() / L ** options.lenpen),
                       "positional_scores": pos})
     return hypos

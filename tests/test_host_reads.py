@@ -99,3 +99,14 @@ def test_the_counter_sees_host_reads():
         t.masked_fill_(t > 3, 1.0)  # elementwise: not a read
         t[torch.tensor([0, 1])]  # integer indexing: not a read
     assert mode.reads == 5 and mode.mailbox == 0
+
+
+def test_greedy_host_reads_do_not_grow_with_the_number_of_steps(model):
+    counts = []
+    for max_len_b in (3, 25):
+        with HostReads() as mode:
+            hyps = convs2s.greedy(model, [[5, 6, 7, 8], [9, 10, 11, 12]], max_len_b=max_len_b, min_len=max_len_b)
+        assert all(len(h["tokens"]) == max_len_b + 1 for h in hyps)  # min_len = max_len: EOS exactly there
+        counts.append((mode.reads, mode.mailbox))
+    assert counts[0][0] == counts[1][0], counts
+    assert counts[1][1] == 26 and counts[0][1] == 4, counts
