@@ -7,13 +7,17 @@ import platform
 import re
 from typing import Dict, List, Optional
 
+from .extension import KERNELS_ISA_ENV
+
 # /proc/cpuinfo flags that decide which kernels are fast, and their usual names
 ISA_FLAGS = {"avx2": "AVX2", "fma": "FMA", "avx512f": "AVX-512", "avx512_vnni": "AVX512-VNNI",
              "avx_vnni": "AVX-VNNI", "avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16", "amx_int8": "AMX-INT8"}
 # oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA), lowest first; a cap below AVX512_CORE_BF16 hides native bf16
 _ONEDNN_ISA_ORDER = ["SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
                      "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16"]
-CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+# The caps that make an AVX-512 machine behave like an AVX2-only one: oneDNN's, MKL's, ATen's, and
+# this package's own few-row kernels (``CONVS2S_KERNELS_ISA``: avx512 | avx2 | baseline).
+CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", KERNELS_ISA_ENV)
 
 
 def _cpuinfo(field: str) -> Optional[str]:

@@ -8,6 +8,7 @@ the op (``convs2s_kernels/ops/<op>/cpp.py``) and calls the extension through :fu
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Optional
 
 import torch
@@ -15,6 +16,9 @@ import torch
 from .dispatch import set_availability
 
 DISABLE_ENV = "CONVS2S_KERNELS_DISABLE_CPP"
+# caps the few-row kernels' instruction set (read by csrc/small_gemm.cpp when the extension loads)
+KERNELS_ISA_ENV = "CONVS2S_KERNELS_ISA"
+KERNELS_ISA_LEVELS = ("avx512", "avx2", "baseline")
 # dtypes the extension's ops take (few-row kernels narrow it further in their capability)
 CPP_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
@@ -49,5 +53,9 @@ def small_gemm_isa() -> Optional[str]:
     """The instruction set the few-row kernels picked on this CPU (None without the extension)."""
     return None if _C is None else _C.small_gemm_isa()
 
+
+if os.environ.get(KERNELS_ISA_ENV, KERNELS_ISA_LEVELS[0]) not in KERNELS_ISA_LEVELS:  # the C++ side ignores it
+    warnings.warn(f"{KERNELS_ISA_ENV}={os.environ[KERNELS_ISA_ENV]!r} is not one of {', '.join(KERNELS_ISA_LEVELS)}; "
+                  "ignored (the few-row kernels use the best instruction set of this CPU)")
 
 set_availability("cpp", unavailable_reason)

@@ -11,7 +11,9 @@
 #include "common.h"
 
 #include <ATen/Parallel.h>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace convs2s {
 
@@ -165,13 +167,24 @@ CONVS2S_DEFINE_VARIANT(base, )
 
 enum class Isa { avx512, avx2, base };
 
+// The best instruction set this CPU has, capped by CONVS2S_KERNELS_ISA (avx512 | avx2 | baseline):
+// with oneDNN's and MKL's own caps, an AVX-512 machine then reproduces an AVX2-only one.
 Isa detect_isa() {
+  Isa best = Isa::base;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return Isa::avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+  if (__builtin_cpu_supports("avx512f")) {
+    best = Isa::avx512;
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    best = Isa::avx2;
+  }
 #endif
-  return Isa::base;
+  const char* cap = std::getenv("CONVS2S_KERNELS_ISA");
+  if (cap == nullptr) return best;
+  const std::string want(cap);
+  if (want == "baseline") return Isa::base;
+  if (want == "avx2") return best == Isa::avx512 ? Isa::avx2 : best;
+  return best;  // "avx512" (or a value the Python side has already rejected): no cap
 }
 
 const Isa kIsa = detect_isa();

@@ -10,6 +10,8 @@ import torch
 # NaN so an element a kernel forgets to write fails the comparison.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+else:  # on GPUs the tests compile one config per kernel (the smallest tile), not the whole tuning space
+    os.environ.setdefault("CONVS2S_TRITON_AUTOTUNE", "0")
 os.environ.setdefault("CONVS2S_KERNELS_POISON", "1")
 
 # the op tests' shared harness (tests/ops/harness.py) is importable from every test module

@@ -39,6 +39,12 @@ def capability(op: str, backward: bool) -> Capability:
     return Capability(dtypes, backward=backward, device_hint=device_hint, dtype_hints=hints)
 
 
+def bucket(n: int) -> int:
+    """An autotune key for a size that varies from call to call (source lengths, rows): the next
+    power of two (at least 16), so that a new sentence length does not tune again."""
+    return max(16, 1 << max(0, n - 1).bit_length())
+
+
 def acc_type(dtype: torch.dtype):
     """The accumulator type: fp64 for fp64 inputs, fp32 for everything else."""
     return tl.float64 if dtype == torch.float64 else tl.float32

@@ -74,3 +74,22 @@ def test_linear_bad_inputs_name_the_problem():
         ck.linear(torch.randn(2, 5), torch.randn(3, 5), torch.randn(4))
     with pytest.raises(TypeError, match="x must be a tensor"):
         ck.linear(3.0, torch.randn(3, 5))
+
+
+@pytest.mark.parametrize("cap,expected", [("avx2", ("avx2+fma", "baseline")), ("baseline", ("baseline",))])
+def test_kernels_isa_caps_the_few_row_kernels(cap, expected):
+    """``CONVS2S_KERNELS_ISA`` caps the instruction set the few-row kernels pick (so an AVX-512
+    machine reproduces an AVX2-only one), and the capped kernels still match the reference."""
+    import subprocess
+    import sys
+
+    require_or_skip("cpp")
+    code = ("import torch, convs2s_kernels as ck\n"
+            "x, w, b = torch.randn(5, 300), torch.randn(77, 300) / 17, torch.randn(77)\n"
+            "torch.testing.assert_close(ck.linear(x, w, b, backend='cpp'), torch.nn.functional.linear(x, w, b),"
+            " atol=2e-5, rtol=1e-4)\n"
+            "print(ck.extension.small_gemm_isa())\n")
+    env = dict(__import__("os").environ, CONVS2S_KERNELS_ISA=cap)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() in expected

@@ -21,30 +21,34 @@ import torch
 import triton
 import triton.language as tl
 
-from ...triton_common.config import acc_type, configs, dot_precision, new_empty
+from ...triton_common.config import acc_type, bucket, configs, dot_precision, new_empty
+from ...triton_common.fits import prune_by_report
 
+# Checked by `python3 -m convs2s_kernels.gpu_check` for sm_80 and sm_90 (shared memory, spills,
+# compile time); the autotuners drop, per device and dtype, the configs its report says break the
+# rule there (convs2s_kernels/triton_common/fits.py).
 _FWD_CONFIGS = configs(
     gpu=[
-        dict(BLOCK_T=64, BLOCK_S=64, BLOCK_E=128, BLOCK_D=64, num_warps=4, num_stages=2),
+        dict(BLOCK_T=64, BLOCK_S=64, BLOCK_E=128, BLOCK_D=64, num_warps=8, num_stages=2),  # w4 spilled in fp32
         dict(BLOCK_T=32, BLOCK_S=32, BLOCK_E=256, BLOCK_D=64, num_warps=4, num_stages=2),
         dict(BLOCK_T=16, BLOCK_S=64, BLOCK_E=128, BLOCK_D=64, num_warps=4, num_stages=2),  # decoding: T = 1
-        dict(BLOCK_T=64, BLOCK_S=32, BLOCK_E=64, BLOCK_D=64, num_warps=4, num_stages=3),
+        dict(BLOCK_T=64, BLOCK_S=32, BLOCK_E=64, BLOCK_D=32, num_warps=4, num_stages=3),  # D = 64 spilled on sm_80
     ],
     interpreter=dict(BLOCK_T=16, BLOCK_S=16, BLOCK_E=64, BLOCK_D=64),
 )
 _TILE_CONFIGS = configs(
     gpu=[
-        dict(BLOCK_T=64, BLOCK_S=64, BLOCK_D=64, num_warps=4, num_stages=2),
+        dict(BLOCK_T=64, BLOCK_S=64, BLOCK_D=64, num_warps=8, num_stages=2),  # w4 spilled in fp32 on sm_80
         dict(BLOCK_T=32, BLOCK_S=32, BLOCK_D=64, num_warps=4, num_stages=3),
-        dict(BLOCK_T=16, BLOCK_S=64, BLOCK_D=64, num_warps=4, num_stages=2),
+        dict(BLOCK_T=16, BLOCK_S=64, BLOCK_D=32, num_warps=4, num_stages=2),  # D = 64 spilled (dS, fp32, sm_90)
     ],
     interpreter=dict(BLOCK_T=16, BLOCK_S=16, BLOCK_D=64),
 )
 _BMM_CONFIGS = configs(
-    gpu=[
-        dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=3),
-        dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=32, num_warps=4, num_stages=3),
-        dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=32, num_warps=4, num_stages=2),
+    gpu=[  # 4 warps spilled in fp32 (IEEE or TF32, depending on the transposes)
+        dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=8, num_stages=3),
+        dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=32, num_warps=8, num_stages=3),
+        dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=32, num_warps=8, num_stages=2),
     ],
     interpreter=dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32),
 )
@@ -97,11 +101,12 @@ def _probabilities(q_ptr, z_ptr, len_ptr, lse_ptr, b, ts, ss, T, S, E,
     return tl.where(valid[None, :], tl.exp(sc - lse[:, None]), 0.0), length
 
 
-@triton.autotune(configs=_FWD_CONFIGS, key=["S", "E"])
+@triton.autotune(configs=_FWD_CONFIGS, key=["S_BUCKET", "E"],
+                 prune_configs_by=prune_by_report("attention_embsum/_attention_fwd_kernel"))
 @triton.jit
 def _attention_fwd_kernel(
     q_ptr, z_ptr, y_ptr, len_ptr, out_ptr, lse_ptr,
-    T, S, E,
+    T, S, E, S_BUCKET,
     sq_b, sq_t, sq_e, sz_b, sz_s, sz_e, sy_b, sy_s, sy_e, so_b, so_t, so_e,
     LEFT_PAD: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -143,11 +148,12 @@ def _attention_fwd_kernel(
         tl.store(lse_ptr + b * T + ts, m_i + tl.log(l_i), mask=t_ok)
 
 
-@triton.autotune(configs=_TILE_CONFIGS, key=["S", "E"])
+@triton.autotune(configs=_TILE_CONFIGS, key=["S_BUCKET", "E"],
+                 prune_configs_by=prune_by_report("attention_embsum/_attention_probs_kernel"))
 @triton.jit
 def _attention_probs_kernel(
     q_ptr, z_ptr, len_ptr, lse_ptr, attn_ptr,
-    T, S, E,
+    T, S, E, S_BUCKET,
     sq_b, sq_t, sq_e, sz_b, sz_s, sz_e,
     LEFT_PAD: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -164,11 +170,12 @@ def _attention_probs_kernel(
              mask=t_ok[:, None] & (ss < S)[None, :])
 
 
-@triton.autotune(configs=_TILE_CONFIGS, key=["S", "E"])
+@triton.autotune(configs=_TILE_CONFIGS, key=["S_BUCKET", "E"],
+                 prune_configs_by=prune_by_report("attention_embsum/_attention_bwd_ds_kernel"))
 @triton.jit
 def _attention_bwd_ds_kernel(
     q_ptr, z_ptr, y_ptr, len_ptr, lse_ptr, delta_ptr, dctx_ptr, dattn_ptr, p_ptr, ds_ptr,
-    T, S, E,
+    T, S, E, S_BUCKET,
     sq_b, sq_t, sq_e, sz_b, sz_s, sz_e, sy_b, sy_s, sy_e, sd_b, sd_t, sd_e,
     LEFT_PAD: tl.constexpr, HAS_DATTN: tl.constexpr,
     ACC: tl.constexpr, PRECISION: tl.constexpr,
@@ -196,10 +203,11 @@ def _attention_bwd_ds_kernel(
     tl.store(ds_ptr + tile, (p * grad_p).to(ds_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.autotune(configs=_BMM_CONFIGS, key=["M", "N", "K"])
+@triton.autotune(configs=_BMM_CONFIGS, key=["M_BUCKET", "N_BUCKET", "K_BUCKET"],
+                 prune_configs_by=prune_by_report("attention_embsum/_bmm_kernel"))
 @triton.jit
 def _bmm_kernel(
-    a_ptr, b_ptr, c_ptr, alpha_ptr, M, N, K,
+    a_ptr, b_ptr, c_ptr, alpha_ptr, M, N, K, M_BUCKET, N_BUCKET, K_BUCKET,
     sa_b, sa_m, sa_k, sb_b, sb_k, sb_n, sc_b, sc_m, sc_n,
     HAS_ALPHA: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -228,7 +236,8 @@ def _bmm(a: torch.Tensor, b: torch.Tensor, alpha=None) -> torch.Tensor:
     N = b.shape[2]
     c = new_empty(nb, M, N, dtype=a.dtype, device=a.device)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]), nb)
-    _bmm_kernel[grid](a, b, c, alpha if alpha is not None else a, M, N, K, *a.stride(), *b.stride(), *c.stride(),
+    _bmm_kernel[grid](a, b, c, alpha if alpha is not None else a, M, N, K, bucket(M), bucket(N), bucket(K),
+                      *a.stride(), *b.stride(), *c.stride(),
                       HAS_ALPHA=alpha is not None, ACC=acc_type(a.dtype), PRECISION=dot_precision(a.dtype))
     return c
 
@@ -252,12 +261,12 @@ def attention_forward(q, z, y, src_lengths, left_pad: bool, return_attn: bool):
     lens = _lengths_arg(src_lengths, q, S)
     flags = dict(LEFT_PAD=left_pad, ACC=acc_type(q.dtype), PRECISION=dot_precision(q.dtype))
     grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(E, meta["BLOCK_E"]), B)
-    _attention_fwd_kernel[grid](q, z, y, lens, out, lse, T, S, E,
+    _attention_fwd_kernel[grid](q, z, y, lens, out, lse, T, S, E, bucket(S),
                                 *q.stride(), *z.stride(), *y.stride(), *out.stride(), **flags)
     if return_attn:
         attn = new_empty(B, T, S, dtype=q.dtype, device=q.device)
         grid_p = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(S, meta["BLOCK_S"]), B)
-        _attention_probs_kernel[grid_p](q, z, lens, lse, attn, T, S, E, *q.stride(), *z.stride(), **flags)
+        _attention_probs_kernel[grid_p](q, z, lens, lse, attn, T, S, E, bucket(S), *q.stride(), *z.stride(), **flags)
     return out, attn, lse
 
 
@@ -275,7 +284,7 @@ def attention_backward(dctx, dattn, q, z, y, src_lengths, left_pad, ctx_out, att
     dattn_c = dattn.contiguous() if dattn is not None else p
     grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(S, meta["BLOCK_S"]), B)
     _attention_bwd_ds_kernel[grid](
-        q, z, y, lens, lse, delta, dctx, dattn_c, p, ds, T, S, E,
+        q, z, y, lens, lse, delta, dctx, dattn_c, p, ds, T, S, E, bucket(S),
         *q.stride(), *z.stride(), *y.stride(), *dctx.stride(),
         LEFT_PAD=left_pad, HAS_DATTN=dattn is not None,
         ACC=acc_type(q.dtype), PRECISION=dot_precision(q.dtype),
@@ -309,5 +318,9 @@ class AttentionFunction(torch.autograd.Function):
 
 
 def attention_embsum_triton(q, z, y, src_lengths=None, *, left_pad=True, return_attn=False):
-    """The ``attention_embsum`` op on the Triton backend (same contract as ``attention_embsum_ref``)."""
-    return AttentionFunction.apply(q, z, y, src_lengths, left_pad, return_attn)
+    """The ``attention_embsum`` op on the Triton backend (same contract as ``attention_embsum_ref``);
+    inference skips the autograd Function (its bookkeeping is host time on every call)."""
+    if torch.is_grad_enabled() and (q.requires_grad or z.requires_grad or y.requires_grad):
+        return AttentionFunction.apply(q, z, y, src_lengths, left_pad, return_attn)
+    out, attn, _ = attention_forward(q, z, y, src_lengths, left_pad, return_attn)
+    return (out, attn) if return_attn else out

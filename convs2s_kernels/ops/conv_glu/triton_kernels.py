@@ -26,19 +26,40 @@ import triton.language as tl
 
 from .reference import conv_padding
 from ...triton_common.config import acc_type, configs, dot_precision, new_empty
+from ...triton_common.fits import prune_by_report
 from ...triton_common.glu import _add_glu_bias, _glu_tap_dot
 
+# Every config below passes `python3 -m convs2s_kernels.gpu_check` (shared memory within the
+# target, no spills, compile <= 20 s) for some dtype on sm_80 and sm_90; the autotuners drop, per
+# device and dtype, those its report (convs2s_kernels/gpu_check_report.json) says break the rule
+# there (fp32 with IEEE products, an FMA loop, keeps only the small-K tiles on an A100).
+# The forward and dpre kernels hold two accumulators (value and gate): half the tile of a GEMM.
+_GLU_CONFIGS = configs(
+    gpu=[
+        dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, num_warps=8, num_stages=4),
+        dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=4),
+        dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
+        dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=16, num_warps=4, num_stages=3),
+        dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, num_warps=4, num_stages=3),
+        # dropped: 128x64x32 w4 s4 and 128x128x32 w8 s3 spilled (dpre everywhere, forward on sm_80),
+        # 64x128x64 w4 s3 needed 240 KB on sm_90 with TF32 and compiled in 21 s in fp32 IEEE
+    ],
+    interpreter=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+)
+# dx and dW: one accumulator
 _GEMM_CONFIGS = configs(
     gpu=[
         dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=4),
         dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=4),
         dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, num_warps=8, num_stages=3),
-        dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3),
-        dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
+        dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=4),
+        dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=16, num_warps=4, num_stages=3),
+        # dropped: 64x128x64 w4 s3 (spilled in fp32), 32x64x64 w4 s4 (dW spilled on sm_90)
     ],
     interpreter=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
 )
-_MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in _GEMM_CONFIGS)
+# the dpre kernel writes one partial bias row per row tile: its smallest BLOCK_M bounds their number
+_MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in _GLU_CONFIGS)
 
 
 @triton.jit
@@ -72,7 +93,8 @@ def _preactivations(x_ptr, w_ptr, bias_ptr, mask_ptr, rows, cols, M, T, C_in, C,
     return acc_v, acc_g
 
 
-@triton.autotune(configs=_GEMM_CONFIGS, key=["C_in", "C", "K_W"])
+@triton.autotune(configs=_GLU_CONFIGS, key=["C_in", "C", "K_W"],
+                 prune_configs_by=prune_by_report("conv_glu/_conv_glu_fwd_kernel"))
 @triton.jit
 def _conv_glu_fwd_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, mask_ptr, out_ptr,
@@ -99,7 +121,8 @@ def _conv_glu_fwd_kernel(
     tl.store(out_ptr + (b * so_b + t * so_t)[:, None] + cols[None, :] * so_c, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.autotune(configs=_GEMM_CONFIGS, key=["C_in", "C", "K_W"])
+@triton.autotune(configs=_GLU_CONFIGS, key=["C_in", "C", "K_W"],
+                 prune_configs_by=prune_by_report("conv_glu/_conv_glu_bwd_dpre_kernel"))
 @triton.jit
 def _conv_glu_bwd_dpre_kernel(
     x_ptr, w_ptr, bias_ptr, mask_ptr, dout_ptr, dpre_ptr, dbias_part_ptr,
@@ -134,7 +157,8 @@ def _conv_glu_bwd_dpre_kernel(
     tl.store(part + C + cols, tl.sum(dg, axis=0), mask=col_ok)
 
 
-@triton.autotune(configs=_GEMM_CONFIGS, key=["C_in", "C", "K_W"])
+@triton.autotune(configs=_GEMM_CONFIGS, key=["C_in", "C", "K_W"],
+                 prune_configs_by=prune_by_report("conv_glu/_conv_glu_bwd_dx_kernel"))
 @triton.jit
 def _conv_glu_bwd_dx_kernel(
     dpre_ptr, w_ptr, mask_ptr, dx_ptr,
@@ -171,7 +195,8 @@ def _conv_glu_bwd_dx_kernel(
     tl.store(dx_ptr + rows[:, None] * C_in + chans[None, :], acc.to(dx_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.autotune(configs=_GEMM_CONFIGS, key=["C_in", "C", "K_W"])
+@triton.autotune(configs=_GEMM_CONFIGS, key=["C_in", "C", "K_W"],
+                 prune_configs_by=prune_by_report("conv_glu/_conv_glu_bwd_dw_kernel"))
 @triton.jit
 def _conv_glu_bwd_dw_kernel(
     x_ptr, mask_ptr, dpre_ptr, dw_part_ptr,
@@ -320,5 +345,8 @@ class ConvGLUFunction(torch.autograd.Function):
 
 
 def conv_glu_triton(x, weight, bias=None, *, causal, residual=None, scale=None, pad_mask=None):
-    """The ``conv_glu`` op on the Triton backend (same contract as ``conv_glu_ref``)."""
-    return ConvGLUFunction.apply(x, weight, bias, residual, pad_mask, causal, scale)
+    """The ``conv_glu`` op on the Triton backend (same contract as ``conv_glu_ref``); inference
+    skips the autograd Function (its bookkeeping is host time on every call)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual)):
+        return ConvGLUFunction.apply(x, weight, bias, residual, pad_mask, causal, scale)
+    return conv_glu_forward(x, weight, bias, residual, pad_mask, causal, 1.0 if scale is None else float(scale))
