@@ -311,7 +311,9 @@ class _BeamSearch:
         """Decode one step; the log-probabilities of every row's next token under the step's rules."""
         logits, step_attn = self.model.decode_step(self.tokens[:, step], self.state, need_attn=self.options.need_attn)
         lprobs = torch.log_softmax(logits.float(), dim=-1)
-        lprobs.masked_fill_(torch.isnan(lprobs), float("-inf"))
+        # in place: a (rows, V) temporary per step costs page faults on glibc's malloc (40K words
+        # x 640 rows is 100 MB), and on a GPU it is memory a captured step must not allocate
+        torch.nan_to_num_(lprobs, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
         _apply_rules(lprobs, step, self.max_len, self.options.min_len, self.options.unkpen)
         if self.forced_len is not None and step < self.max_len:
             rows_len = self.forced_len[self.sent_ids].repeat_interleave(self.k)
@@ -327,8 +329,8 @@ class _BeamSearch:
         lp = lprobs.view(bsz, k, V)
         if step == 0:
             lp = lp[:, :1, :]
-        else:
-            lp = lp + self.scores.view(bsz, k, -1)[:, :, step - 1].unsqueeze(-1)
+        else:  # in place: lprobs is this step's own buffer, not used afterwards
+            lp.add_(self.scores.view(bsz, k, -1)[:, :, step - 1].unsqueeze(-1))
         flat = lp.reshape(bsz, -1)
         cand_scores, cand_flat = torch.topk(flat, k=min(self.cand_size, flat.shape[1] - 1))
         cand_indices = cand_flat.fmod(V)
