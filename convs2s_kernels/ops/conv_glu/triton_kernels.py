@@ -29,33 +29,27 @@ from ...triton_common.config import acc_type, configs, dot_precision, new_empty
 from ...triton_common.fits import prune_by_report
 from ...triton_common.glu import _add_glu_bias, _glu_tap_dot
 
+
+def _tiles(*entries):
+    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` per GPU config."""
+    return [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=st) for m, n, k, w, st in entries]
+
+
 # Every config below passes `python3 -m convs2s_kernels.gpu_check` (shared memory within the
 # target, no spills, compile <= 20 s) for some dtype on sm_80 and sm_90; the autotuners drop, per
 # device and dtype, those its report (convs2s_kernels/gpu_check_report.json) says break the rule
 # there (fp32 with IEEE products, an FMA loop, keeps only the small-K tiles on an A100).
 # The forward and dpre kernels hold two accumulators (value and gate): half the tile of a GEMM.
+# Dropped: 128x64x32 w4 s4 and 128x128x32 w8 s3 spilled (dpre everywhere, forward on sm_80),
+# 64x128x64 w4 s3 needed 240 KB on sm_90 with TF32 and compiled in 21 s in fp32 IEEE
 _GLU_CONFIGS = configs(
-    gpu=[
-        dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, num_warps=8, num_stages=4),
-        dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=4),
-        dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
-        dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=16, num_warps=4, num_stages=3),
-        dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, num_warps=4, num_stages=3),
-        # dropped: 128x64x32 w4 s4 and 128x128x32 w8 s3 spilled (dpre everywhere, forward on sm_80),
-        # 64x128x64 w4 s3 needed 240 KB on sm_90 with TF32 and compiled in 21 s in fp32 IEEE
-    ],
+    gpu=_tiles((128, 64, 32, 8, 4), (64, 64, 32, 4, 4), (32, 64, 64, 4, 4), (64, 32, 16, 4, 3), (32, 32, 32, 4, 3)),
     interpreter=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
 )
-# dx and dW: one accumulator
+# dx and dW: one accumulator. Dropped: 64x128x64 w4 s3 (spilled in fp32), 32x64x64 w4 s4 (dW
+# spilled on sm_90)
 _GEMM_CONFIGS = configs(
-    gpu=[
-        dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=4),
-        dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=4),
-        dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, num_warps=8, num_stages=3),
-        dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=4),
-        dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=16, num_warps=4, num_stages=3),
-        # dropped: 64x128x64 w4 s3 (spilled in fp32), 32x64x64 w4 s4 (dW spilled on sm_90)
-    ],
+    gpu=_tiles((128, 64, 32, 4, 4), (64, 64, 32, 4, 4), (128, 128, 32, 8, 3), (32, 64, 32, 4, 4), (64, 64, 16, 4, 3)),
     interpreter=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
 )
 # the dpre kernel writes one partial bias row per row tile: its smallest BLOCK_M bounds their number
