@@ -203,8 +203,20 @@ def train_config_from_args(args):
         max_sentences=args.max_sentences, update_freq=args.update_freq, max_epoch=args.max_epoch,
         max_update=args.max_update, max_time_minutes=args.max_time, validate_interval_updates=args.validate_interval,
         save_interval_updates=args.save_interval, snapshot_minutes=args.snapshot_minutes or [],
-        log_interval=args.log_interval, seed=args.seed, bf16=args.bf16, threads=args.threads, backend=args.backend,
+        log_interval=args.log_interval, seed=args.seed, bf16=_bf16_autocast(args.precision), threads=args.threads,
+        backend=args.backend,
     )
+
+
+def _bf16_autocast(precision: str) -> bool:
+    """bf16 autocast for ``--precision`` on the device training will use, saying why on stderr."""
+    import torch
+
+    from .train import bf16_autocast
+
+    bf16, why = bf16_autocast(precision, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    print(f"precision: {why}", file=sys.stderr)
+    return bf16
 
 
 def cmd_train(args) -> int:
@@ -397,7 +409,11 @@ def _add_train_parser(sub) -> None:
                     help="keep checkpoint_<m>min.pt at these minutes of training, e.g. 30,60")
     train_p.add_argument("--log-interval", type=_positive_int, default=50, help="updates per train_log.jsonl record")
     train_p.add_argument("--seed", type=int, default=1)
-    train_p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPUs, and CPUs with AVX512-BF16/AMX)")
+    train_p.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
+                         help="auto: bf16 autocast where its dot products are native (GPUs, CPUs with "
+                              "AMX-BF16/AVX512-BF16), else fp32")
+    train_p.add_argument("--bf16", dest="precision", action="store_const", const="bf16",
+                         help="same as --precision bf16")
     train_p.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads (0: default)")
     train_p.add_argument("--backend", default=None, help="kernel backend: auto, cpp, triton, reference")
     train_p.add_argument("--resume", action="store_true", help="continue from SAVE_DIR/checkpoint_last.pt")

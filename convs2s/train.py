@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -71,6 +71,30 @@ class StopReason:
     def mid_epoch(self) -> bool:
         """A stop between validations: checkpoint_last.pt is written to resume from exactly here."""
         return self.kind in (StopKind.MAX_UPDATE, StopKind.MAX_TIME, StopKind.SIGNAL)
+
+
+def bf16_autocast(precision: str, device: torch.device) -> Tuple[bool, str]:
+    """Whether to train under bf16 autocast for ``precision`` (fp32 | bf16 | auto) on ``device``,
+    and why. ``auto`` takes bf16 only where its dot products are native (a GPU that supports bf16;
+    a CPU with AMX-BF16 or AVX512-BF16, not capped by ONEDNN_MAX_CPU_ISA): elsewhere bf16 is
+    emulated and far slower than fp32 (~30x measured on an AVX2-only CPU)."""
+    if precision not in ("fp32", "bf16", "auto"):
+        raise Convs2sError(f"precision must be fp32, bf16 or auto, got {precision!r}")
+    if device.type == "cuda":
+        native = "this GPU" if torch.cuda.is_bf16_supported() else None
+    else:
+        from convs2s_kernels.env import native_bf16
+
+        native = native_bf16()
+    if precision == "fp32":
+        return False, "fp32"
+    if precision == "bf16":
+        if native:
+            return True, f"bf16 autocast ({native})"
+        return True, ("bf16 autocast WITHOUT native bf16 dot products on this CPU (no AMX-BF16/AVX512-BF16, "
+                      "or ONEDNN_MAX_CPU_ISA caps them): expect it far slower than fp32; --precision auto avoids it")
+    return (True, f"bf16 autocast ({native}, --precision auto)") if native else \
+        (False, "fp32 (--precision auto: bf16 is not native here)")
 
 
 @dataclass

@@ -285,3 +285,32 @@ def test_cli_reports_bad_data_folders_and_options(tmp_path, capsys):
     assert "data prepare" in capsys.readouterr().err
     assert cli.main(["train", str(tmp_path), "--save-dir", str(tmp_path / "c"), "--model-option", "nonsense=1"]) == 2
     assert "unknown model options ['nonsense']" in capsys.readouterr().err
+
+
+def test_precision_auto_takes_bf16_only_where_it_is_native(monkeypatch):
+    """``--precision auto``: bf16 autocast with AMX-BF16/AVX512-BF16 (unless ONEDNN_MAX_CPU_ISA caps
+    them), fp32 elsewhere; ``bf16`` is honoured but says it is emulated; bad values are one-line errors."""
+    from convs2s.errors import Convs2sError
+    from convs2s.train import bf16_autocast
+    import convs2s_kernels.env as env
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(env, "cpu_flags", lambda: ["avx2", "fma", "avx512f", "avx512_bf16"])
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert bf16_autocast("auto", cpu) == (True, "bf16 autocast (AVX512-BF16, --precision auto)")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert bf16_autocast("auto", cpu)[0] is False
+    monkeypatch.setattr(env, "cpu_flags", lambda: ["avx2", "fma"])
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert bf16_autocast("auto", cpu) == (False, "fp32 (--precision auto: bf16 is not native here)")
+    bf16, why = bf16_autocast("bf16", cpu)
+    assert bf16 and "WITHOUT native bf16" in why
+    assert bf16_autocast("fp32", cpu) == (False, "fp32")
+    with pytest.raises(Convs2sError, match="precision must be fp32, bf16 or auto"):
+        bf16_autocast("fp8", cpu)
+
+
+def test_cli_bf16_flag_is_precision_bf16():
+    args = cli.build_parser().parse_args(["train", "data", "--save-dir", "x", "--bf16"])
+    assert args.precision == "bf16"
+    assert cli.build_parser().parse_args(["train", "data", "--save-dir", "x"]).precision == "fp32"

@@ -22,9 +22,10 @@ mkdir -p "$work"
     -s en -t de --out "$work/bin" --bpe-size 8000 --max-ratio 0
 
 # fairseq's IWSLT fconv recipe: NAG lr 0.25 momentum 0.99, clip 0.1, dropout 0.2, label smoothing
-# 0.1, 4000-token batches; lr / 10 on every validation plateau; bf16 autocast.
+# 0.1, 4000-token batches; lr / 10 on every validation plateau; bf16 autocast where this machine
+# has native bf16 dot products (AMX-BF16/AVX512-BF16, or a GPU), fp32 elsewhere (--precision auto).
 python3 -m convs2s train "$work/bin" --save-dir "$work/ckpt" --arch fconv_iwslt_de_en \
-    --dropout 0.2 --label-smoothing 0.1 --lr 0.25 --clip-norm 0.1 --max-tokens 4000 --bf16 \
+    --dropout 0.2 --label-smoothing 0.1 --lr 0.25 --clip-norm 0.1 --max-tokens 4000 --precision auto \
     --max-time "$minutes" --snapshot-minutes 30,60 --resume
 
 for ckpt in checkpoint_30min checkpoint_60min checkpoint_last checkpoint_best; do
