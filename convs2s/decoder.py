@@ -236,7 +236,7 @@ class Decoder(nn.Module):
             # every layer in one call (convs2s_kernels.decoder_step) when its cpp backend may run
             # the step (same kernels); decided at the state's first step
             if state.fused_ok is None:
-                state.fused_ok = fused_step_reason(self, x, state, backend) is None
+                state.fused_ok = fused_step_reason(self, x, emb_scores, state, backend) is None
         if state.fused_ok:
             x, avg_attn = fused_layers_step(self, x, emb_scores, state, parents, need_attn)
         else:

@@ -16,8 +16,10 @@ import torch
 import convs2s_kernels as ck
 
 
-def fused_step_reason(decoder, x: torch.Tensor, state, backend: Optional[str]) -> Optional[str]:
-    """Why the one-call step cannot run here (None when it can)."""
+def fused_step_reason(decoder, x: torch.Tensor, emb_scores: torch.Tensor, state,
+                      backend: Optional[str]) -> Optional[str]:
+    """Why the one-call step cannot run here (None when it can): the model's own conditions, then
+    what the op's cpp capability refuses (availability, device, dtype)."""
     if not getattr(decoder, "fused_step", True):
         return "turned off (decoder.fused_step = False)"
     if state.folded is None:
@@ -27,12 +29,10 @@ def fused_step_reason(decoder, x: torch.Tensor, state, backend: Optional[str]) -
     choices = ck.requested_backends(backend)
     if "auto" not in choices and "cpp" not in choices:
         return f"backend {backend!r} does not allow cpp"
-    why = ck.available_backends()["cpp"]
-    if why is None and x.device.type == "cpu" and x.dtype not in (torch.float32, torch.bfloat16):
-        why = f"runs float32/bf16 CPU tensors, got {x.dtype}"
-    elif why is None and x.device.type != "cpu":
-        why = f"runs CPU tensors, got {x.device.type}"
-    return why
+    enc = state.encoder_out
+    why = ck.backend_reasons("cpp", "decoder_step", x.device, x, state.conv_states, _step_layers(decoder, state),
+                             emb_scores, enc.pad_mask, enc.src_lengths)
+    return "; ".join(why) or None
 
 
 def _weights(layer) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:

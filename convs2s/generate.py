@@ -172,20 +172,15 @@ class _SearchOptions:
 
 
 def _only_eos(lprobs: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None:
-    """Leave EOS as the only finite choice of ``rows`` (all rows when None), in place."""
-    if rows is None:
-        rows = slice(None)
-    eos_col = lprobs[rows, EOS].clone()
-    lprobs[rows] = float("-inf")
-    lprobs[rows, EOS] = eos_col
-
-
-def _only_eos_where(lprobs: torch.Tensor, rows: torch.Tensor) -> None:
-    """:func:`_only_eos` for the rows where the bool mask ``rows`` is True, without indexing by
-    the mask (which would read it back to the host)."""
+    """Leave EOS as the only finite choice of the rows where the bool mask ``rows`` is True (all
+    rows when None), in place, without indexing by the mask (which would read it back to the host)."""
     eos_col = lprobs[:, EOS].clone()
-    lprobs.masked_fill_(rows.unsqueeze(1), float("-inf"))
-    lprobs[:, EOS] = torch.where(rows, eos_col, lprobs[:, EOS])
+    if rows is None:
+        lprobs.fill_(float("-inf"))
+        lprobs[:, EOS] = eos_col
+    else:
+        lprobs.masked_fill_(rows.unsqueeze(1), float("-inf"))
+        lprobs[:, EOS] = torch.where(rows, eos_col, lprobs[:, EOS])
 
 
 def _apply_rules(lprobs: torch.Tensor, step: int, max_len: int, min_len: int, unkpen: float) -> None:
@@ -318,7 +313,7 @@ class _BeamSearch:
         if self.forced_len is not None and step < self.max_len:
             rows_len = self.forced_len[self.sent_ids].repeat_interleave(self.k)
             lprobs[:, EOS].masked_fill_(step < rows_len, float("-inf"))
-            _only_eos_where(lprobs, step == rows_len)  # end exactly there
+            _only_eos(lprobs, step == rows_len)  # end exactly there
         if self.attn is not None and step_attn is not None:
             self.attn[:, :, step + 1].copy_(step_attn)
         return lprobs
@@ -370,7 +365,8 @@ class _BeamSearch:
     def drop_sentences(self, done_rows: List[int]) -> torch.Tensor:
         """Remove the finished sentences' rows from every buffer; the batch rows kept."""
         k = self.k
-        kept = [row for row in range(self.bsz) if row not in set(done_rows)]
+        done = set(done_rows)
+        kept = [row for row in range(self.bsz) if row not in done]
         batch_idxs = torch.tensor(kept, dtype=torch.long, device=self.device)
         self.bsz = len(kept)
         self.host_sent_ids = [self.host_sent_ids[row] for row in kept]
@@ -410,7 +406,6 @@ class _BeamSearch:
             sentence_of_row = torch.div(active_bbsz_idx, k, rounding_mode="floor")
             parents = active_bbsz_idx + (batch_idxs[sentence_of_row] - sentence_of_row) * k
         self.state.reorder(parents, sentence_index=batch_idxs)
-
 
     def results(self) -> List[List[dict]]:
         """Each sentence's finished hypotheses, best first (turned into Python objects once)."""

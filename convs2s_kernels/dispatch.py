@@ -102,13 +102,6 @@ def count_dispatches() -> Iterator[Counter]:
         del _counters[next(i for i, c in enumerate(_counters) if c is counts)]
 
 
-def note_dispatch(op: str, backend: str) -> None:
-    """Record one call of ``op`` run by ``backend`` in the open :func:`count_dispatches` blocks
-    (``resolve`` does it for every dispatched op; fused paths that bypass it call this)."""
-    for counts in _counters:
-        counts[(op, backend)] += 1
-
-
 def register(backend: str, op: str, fn: Callable, capability: Optional[Capability] = None,
              tensors: Optional[Callable[..., Sequence]] = None) -> Callable:
     """``fn`` implements ``op`` on ``backend``, taking what ``capability`` declares.
@@ -206,6 +199,6 @@ def resolve(op: str, device: torch.device, backend: Optional[str], *args, **kwar
     """The implementation of ``op`` to call for these inputs (see :func:`selected_backend_name`);
     the call is counted in the open :func:`count_dispatches` blocks."""
     name = selected_backend_name(op, device, backend, *args, **kwargs)
-    if _counters:
-        note_dispatch(op, name)
+    for counts in _counters:
+        counts[(op, name)] += 1
     return _REGISTRY[name][op].fn

@@ -13,8 +13,7 @@ import pytest
 
 import convs2s_kernels as ck
 
-sys.path.insert(0, str(Path(__file__).parent / "ops"))
-from harness import REQUIRE_ENV, required_backends  # noqa: E402
+from harness import REQUIRE_ENV, required_backends
 
 OPS_TEST = str(Path(__file__).parent / "ops" / "test_linear.py")
 # Python started with the extension unimportable, as when it failed to build

@@ -1,5 +1,4 @@
-"""What the ops' public functions share: autocast casting, the conv weight check, and the
-selector of the tensors whose dtype, device and gradients a backend's capability judges."""
+"""What the ops' public functions share: autocast casting and the conv weight check."""
 
 from __future__ import annotations
 
@@ -30,8 +29,3 @@ def check_conv_weight(x_name: str, c_in: int, weight, bias) -> int:
         check_tensor("bias", bias, 1)
         check_shape("bias", bias, (c2,), "(2C,)")
     return c2 // 2
-
-
-def leading_tensors(count: int):
-    """A capability's tensor selector: the call's first ``count`` positional arguments."""
-    return lambda *args, **kwargs: args[:count]
