@@ -6,8 +6,6 @@
 
 #define CONVS2S_CHECK_CPU(t) TORCH_CHECK((t).device().is_cpu(), #t " must be a CPU tensor")
 #define CONVS2S_CHECK_DIM(t, n) TORCH_CHECK((t).dim() == (n), #t " must have " #n " dimensions, got ", (t).dim())
-#define CONVS2S_CHECK_LAST_CONTIGUOUS(t) \
-  TORCH_CHECK((t).size(-1) <= 1 || (t).stride(-1) == 1, #t " must have a contiguous last dimension")
 
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +23,12 @@ inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& opt
   if (poison && at::isFloatingType(c10::typeMetaToScalarType(options.dtype())))
     return at::full(sizes, std::numeric_limits<double>::quiet_NaN(), options);
   return at::empty(sizes, options);
+}
+
+// ``t`` itself when its last dimension has unit stride, else a contiguous copy: the kernels walk
+// rows by their strides but read each row's channels as one run.
+inline at::Tensor last_dim_contiguous(const at::Tensor& t) {
+  return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
 }
 
 }  // namespace convs2s

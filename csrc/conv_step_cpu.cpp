@@ -42,17 +42,17 @@ void gather_shift_append(const at::Tensor& x_t, const at::Tensor& state, const i
 
 }  // namespace
 
-std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
+std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t_in, const at::Tensor& state_in,
                                           const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                           const c10::optional<at::Tensor>& beam_index) {
-  CONVS2S_CHECK_CPU(x_t);
-  CONVS2S_CHECK_CPU(state);
+  CONVS2S_CHECK_CPU(x_t_in);
+  CONVS2S_CHECK_CPU(state_in);
   CONVS2S_CHECK_CPU(weight);
-  CONVS2S_CHECK_DIM(x_t, 2);
-  CONVS2S_CHECK_DIM(state, 3);
+  CONVS2S_CHECK_DIM(x_t_in, 2);
+  CONVS2S_CHECK_DIM(state_in, 3);
   CONVS2S_CHECK_DIM(weight, 3);
-  CONVS2S_CHECK_LAST_CONTIGUOUS(x_t);
-  CONVS2S_CHECK_LAST_CONTIGUOUS(state);
+  const at::Tensor x_t = last_dim_contiguous(x_t_in);
+  const at::Tensor state = last_dim_contiguous(state_in);
   TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous (k, C_in, 2C)");
   const int64_t rows = x_t.size(0), c_in = x_t.size(1);
   const int64_t k = weight.size(0), c2 = weight.size(2);

@@ -105,3 +105,19 @@ def test_decoder_step_bad_inputs_name_the_problem():
         ck.decoder_step(x, states, bad, emb, pad, lengths)
     with pytest.raises(ValueError, match=r"beam_index values must lie in \[0, 3\]"):
         ck.decoder_step(x, states, layers, emb, pad, lengths, torch.tensor([0, 1, 2, 4]))
+
+
+@torch.no_grad()
+def test_decoder_step_strided_inputs():
+    """Channel-strided activations and states and batch-inner scores (views of other layouts) give
+    the reference's result (the C++ step once refused channel-strided inputs)."""
+    x, states, layers, emb, pad, lengths = make_step(2, 2, 5)
+    runnable("cpp", "decoder_step", x, states, layers, emb, pad, lengths)
+    want = ck.decoder_step_ref(x, states, layers, emb, pad, lengths, need_attn=True)
+    x_t = x.t().contiguous().t()  # (N, C) stored column-major
+    states_t = [s.permute(2, 0, 1).contiguous().permute(1, 2, 0) for s in states]
+    emb_t = emb.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    assert x_t.stride(-1) != 1 and states_t[0].stride(-1) != 1
+    got = ck.decoder_step(x_t, states_t, layers, emb_t, pad, lengths, need_attn=True, backend="cpp")
+    torch.testing.assert_close(got[0], want[0], **TOLERANCE[torch.float32])
+    torch.testing.assert_close(got[1], want[1], **TOLERANCE[torch.float32])

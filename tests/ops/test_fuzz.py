@@ -89,6 +89,7 @@ def decoder_step_case(rng, dtype):
     x, states, layers, emb, pad, lengths = make_step(B, beam, S, int8=dtype == torch.float32 and rng.random() < 0.3,
                                                      dtype=dtype)
     parents = torch.randint(0, B * beam, (B * beam,))
+    x, states = scramble(x, rng), [scramble(s, rng) for s in states]
     return (x, states, layers, emb, pad, lengths, parents), dict(need_attn=rng.random() < 0.5)
 
 

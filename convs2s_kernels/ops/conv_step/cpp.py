@@ -12,9 +12,6 @@ CAPABILITY = Capability(dtypes={"cpu": CPP_DTYPES}, backward=False)
 
 
 def conv_step_cpp(x_t, state, weight, bias=None, beam_index=None):
-    # the kernel walks rows by their strides but needs unit-stride channels
-    x_t = x_t if x_t.stride(-1) == 1 else x_t.contiguous()
-    state = state if state.stride(-1) == 1 else state.contiguous()
     out, new_state = native().conv_step_forward(x_t, state, weight.contiguous(), bias, beam_index)
     return out, new_state
 
