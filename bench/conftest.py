@@ -11,6 +11,8 @@ from convs2s_bench.harness import DTYPES, SMOKE
 # no GPU, so they are at least executed; this must happen before convs2s_kernels is imported.
 if SMOKE and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if SMOKE:  # the smoke run times nothing: no kernel-choice measuring either (shapes take the default)
+    os.environ.setdefault("CONVS2S_TUNE", "0")
 
 import convs2s_kernels as ck  # noqa: E402
 from convs2s_kernels.env import machine_description  # noqa: E402

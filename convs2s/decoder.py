@@ -18,12 +18,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import convs2s_kernels as ck
+from convs2s_kernels.tune import ensure as ensure_kernel_choice
 
 from .architectures import ConvS2SConfig
 from .encoder import EncoderOut, check_tokens
 from .fused_step import fused_layers_step, fused_step_reason
 from .layers import NO_DISPATCH, SQRT_HALF, Linear, apply_linear, conv_stack, embedding, make_positions, residual_input
 from .special_tokens import PAD
+from .step_shapes import step_weight_shapes
 
 
 class AttentionLayer(nn.Module):
@@ -199,6 +201,10 @@ class Decoder(nn.Module):
         """
         rows = encoder_out.z.shape[0] * beam
         ref = encoder_out.z
+        if ref.device.type == "cpu" and not self.training:
+            # which row counts run the few-row kernels, measured for this decoder's weights
+            # (once per machine, then cached; convs2s_kernels.tune)
+            ensure_kernel_choice(step_weight_shapes(self))
         states = [
             ref.new_zeros(rows, conv.kernel_width - 1, conv.in_channels) for conv in self.convolutions
         ]

@@ -14,6 +14,7 @@
 #include "common.h"
 #include "kernels.h"
 #include "glu.h"
+#include "kernel_choice.h"
 #include "small_gemm.h"
 
 namespace convs2s {
@@ -78,8 +79,8 @@ std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t_in, const at::Te
   const at::Tensor w2 = weight.view({k * c_in, c2});
   at::Tensor pre;
   const bool few_row_dtype = x_t.scalar_type() == at::kFloat || x_t.scalar_type() == at::kBFloat16;
-  if (few_row_dtype && rows >= 1 && rows <= kSmallGemmMaxRows) {
-    // few rows (one included): stream the weight once instead of packing it for a GEMM library
+  if (few_row_dtype && use_few_rows(Form::kn, weight.scalar_type(), k * c_in, c2, rows)) {
+    // few rows (as measured for this shape): stream the weight once instead of packing it for a GEMM
     pre = small_gemm(flat, w2, bias, /*w_is_nk=*/false);
   } else {
     pre = bias.has_value() ? at::addmm(*bias, flat, w2) : at::mm(flat, w2);

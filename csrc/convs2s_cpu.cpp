@@ -3,19 +3,33 @@
 
 #include "common.h"
 #include "kernels.h"
+#include "kernel_choice.h"
 #include "small_gemm.h"
+
+#include <unordered_map>
 
 namespace convs2s {
 
-// y = x @ weight.T + bias for x (M <= 8, K) and weight (N, K), float32 or bf16: a decoding step's Linear.
+// y = x @ weight.T + bias for x (M, K) and weight (N, K), float32 or bf16: a decoding step's Linear,
+// on the few-row kernel up to the rows measured for this shape (kernel_choice.h), else ATen's GEMM.
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   CONVS2S_CHECK_CPU(x);
   TORCH_CHECK(x.scalar_type() == weight.scalar_type() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "small_linear takes float32 or bf16 (x and weight alike)");
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "x (M, K), weight (N, K)");
-  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= kSmallGemmMaxRows, "small_linear takes 1..8 rows");
+  TORCH_CHECK(x.size(0) >= 1, "small_linear takes at least one row");
+  if (!use_few_rows(Form::nk, weight.scalar_type(), weight.size(1), weight.size(0), x.size(0)))
+    return at::linear(x, weight, bias);
   return small_gemm(x, weight.contiguous(), bias, /*w_is_nk=*/true);
+}
+
+at::ScalarType weight_dtype(const std::string& name) {
+  static const std::unordered_map<std::string, at::ScalarType> names{
+      {"float32", at::kFloat}, {"bfloat16", at::kBFloat16}, {"int8", at::kChar}};
+  const auto it = names.find(name);
+  TORCH_CHECK(it != names.end(), "weight dtype must be float32, bfloat16 or int8, got ", name);
+  return it->second;
 }
 }
 
@@ -33,7 +47,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "gradients of conv_glu_forward: (dx, dweight, dbias, dresidual)", py::arg("dout"), py::arg("x"),
         py::arg("weight"), py::arg("pre"), py::arg("pad_mask"), py::arg("causal"), py::arg("scale"),
         py::arg("need_residual_grad"));
-  m.def("small_linear", &convs2s::small_linear, "x @ weight.T + bias for 1..8 float32 or bf16 rows",
+  m.def("set_few_rows_choice",
+        [](int64_t form, const std::string& dtype, int64_t K, int64_t N, const std::vector<bool>& kernel_rows) {
+          convs2s::set_few_rows_choice(form, convs2s::weight_dtype(dtype), K, N, kernel_rows);
+        },
+        "which row counts (1..few_rows_max) the few-row kernels take for this weight shape (form 0: (N, K), "
+        "1: (K, N)); the others run ATen's GEMM",
+        py::arg("form"), py::arg("dtype"), py::arg("K"), py::arg("N"), py::arg("kernel_rows"));
+  m.def("clear_few_rows_choices", &convs2s::clear_few_rows_choices, "forget every measured choice");
+  m.def("few_rows_choices", &convs2s::few_rows_choices, "(form, dtype, K, N, kernel_rows) of every measured shape");
+  m.def("few_rows_max", [] { return convs2s::kSmallGemmMaxRows; }, "the most rows the few-row kernels take");
+  m.def("few_rows_default", [] { return convs2s::kDefaultFewRows; }, "the limit of a shape never measured");
+  m.def("small_gemm_kn", [](const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+          return convs2s::small_gemm(x, w.contiguous(), bias, /*w_is_nk=*/false);
+        }, "x @ w + bias on the few-row kernel, w (K, N) (for measuring)", py::arg("x"), py::arg("w"),
+        py::arg("bias") = py::none());
+  m.def("small_gemm_nk", [](const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+          return convs2s::small_gemm(x, w.contiguous(), bias, /*w_is_nk=*/true);
+        }, "x @ w.T + bias on the few-row kernel, w (N, K) (for measuring)", py::arg("x"), py::arg("w"),
+        py::arg("bias") = py::none());
+  m.def("small_gemm_int8", &convs2s::small_gemm_int8_kernel,
+        "the int8 few-row kernel itself, any rows up to few_rows_max (for measuring)", py::arg("x"),
+        py::arg("qweight"), py::arg("scale"), py::arg("bias"));
+  m.def("small_linear", &convs2s::small_linear, "x @ weight.T + bias for float32 or bf16 rows (few-row kernel or GEMM)",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
   m.def("linear_int8", &convs2s::small_gemm_int8,
         "x @ (qweight * scale[:, None]).T + bias: float32 x, int8 (N, K) weight with a float32 scale per row",

@@ -1,16 +1,21 @@
-// Matrix products with few rows (decoding: one row per sentence x beam): float32 or bf16 weights,
-// float32 activations and accumulation.
+// Matrix products with few rows (decoding: one row per sentence x beam): float32, bf16 or int8
+// weights, float32 activations and accumulation.
 //
-// With M <= 8 rows, a GEMM library packs the whole weight matrix for a handful of FLOPs per
-// element and runs far below the memory bandwidth that bounds the product. These kernels read
-// every weight once, in its stored layout, and keep the M rows' accumulators in vector
-// registers. They are written with GCC/Clang vector extensions and compiled three times
-// (AVX-512, AVX2+FMA, baseline), the best one chosen at run time.
+// With a few dozen rows or fewer, a GEMM library packs the whole weight matrix for a handful of
+// FLOPs per element and runs below the memory bandwidth that bounds the product. These kernels
+// read every weight from memory once, in its stored layout, and keep a register tile of
+// accumulators (rows x columns) sized to the instruction set's register file: 32 zmm for
+// AVX-512, 16 ymm for AVX2. Rows beyond one tile re-read the same weight block from L1/L2 (the
+// block is cut along K so that it stays there), never from memory. Written with GCC/Clang vector
+// extensions and compiled three times (AVX-512, AVX2+FMA, baseline), the best chosen at run time.
 
 #include "small_gemm.h"
 #include "common.h"
+#include "kernel_choice.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -20,150 +25,216 @@ namespace convs2s {
 namespace {
 
 typedef float v16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
 
-inline __attribute__((always_inline)) v16 load16(const float* p) {
-  v16 v;
+// Per vector type: its lanes and the integer vectors that widen bf16 / int8 weights into it.
+template <typename V> struct Vec;
+template <> struct Vec<v16> {
+  static constexpr int lanes = 16;
+  typedef uint16_t u16 __attribute__((vector_size(32)));
+  typedef uint32_t u32 __attribute__((vector_size(64)));
+  typedef int8_t i8 __attribute__((vector_size(16)));
+  typedef int16_t i16 __attribute__((vector_size(32)));
+  typedef int32_t i32 __attribute__((vector_size(64)));
+};
+template <> struct Vec<v8> {
+  static constexpr int lanes = 8;
+  typedef uint16_t u16 __attribute__((vector_size(16)));
+  typedef uint32_t u32 __attribute__((vector_size(32)));
+  typedef int8_t i8 __attribute__((vector_size(8)));
+  typedef int16_t i16 __attribute__((vector_size(16)));
+  typedef int32_t i32 __attribute__((vector_size(32)));
+};
+
+#define CONVS2S_INLINE inline __attribute__((always_inline))
+
+template <typename V> CONVS2S_INLINE V load(const float* p) {
+  V v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-// bf16 weights: widen 16 values to float32 (a bf16 is the top half of a float32), half the bytes read.
-inline __attribute__((always_inline)) v16 load16(const at::BFloat16* p) {
-  u16x16 h;
+// bf16 weights: widened to float32 (a bf16 is the top half of a float32), half the bytes read.
+template <typename V> CONVS2S_INLINE V load(const at::BFloat16* p) {
+  typename Vec<V>::u16 h;
   std::memcpy(&h, p, sizeof(h));
-  const u32x16 w = __builtin_convertvector(h, u32x16) << 16;
-  v16 v;
+  const typename Vec<V>::u32 w = __builtin_convertvector(h, typename Vec<V>::u32) << 16;
+  V v;
   std::memcpy(&v, &w, sizeof(v));
   return v;
 }
 
-// int8 weights (per-output-channel scale applied after the sum): a quarter of float32's bytes.
-typedef int8_t i8x16 __attribute__((vector_size(16)));
-typedef int16_t i16x16 __attribute__((vector_size(32)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-inline __attribute__((always_inline)) v16 load16(const int8_t* p) {
-  i8x16 q;
+// int8 weights (the per-output-channel scale is applied after the sum): a quarter of the bytes.
+// Widened in steps: GCC vectorises int8->int16->int32 (vpmovsx) but scalarises int8->float.
+template <typename V> CONVS2S_INLINE V load(const int8_t* p) {
+  typename Vec<V>::i8 q;
   std::memcpy(&q, p, sizeof(q));
-  // widened in steps: GCC vectorises int8->int16->int32 (vpmovsx) but scalarises int8->float directly
-  const i32x16 w = __builtin_convertvector(__builtin_convertvector(q, i16x16), i32x16);
-  return __builtin_convertvector(w, v16);
+  const auto w = __builtin_convertvector(__builtin_convertvector(q, typename Vec<V>::i16), typename Vec<V>::i32);
+  return __builtin_convertvector(w, V);
 }
 
-inline __attribute__((always_inline)) float to_float(float v) { return v; }
-inline __attribute__((always_inline)) float to_float(int8_t v) { return static_cast<float>(v); }
-inline __attribute__((always_inline)) float to_float(at::BFloat16 v) { return static_cast<float>(v); }
+template <typename V> CONVS2S_INLINE void store(float* p, V v) { std::memcpy(p, &v, sizeof(v)); }
 
-inline __attribute__((always_inline)) void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+CONVS2S_INLINE float to_float(float v) { return v; }
+CONVS2S_INLINE float to_float(int8_t v) { return static_cast<float>(v); }
+CONVS2S_INLINE float to_float(at::BFloat16 v) { return static_cast<float>(v); }
 
-inline __attribute__((always_inline)) float hsum(v16 v) {
-  float s = 0.f;
-  for (int i = 0; i < 16; ++i) s += v[i];
-  return s;
+typedef float v4 __attribute__((vector_size(16)));
+// Horizontal sums as a tree of halves (a scalar loop over the lanes costs more than the dot
+// product itself when K is short: fc3's K is 512).
+CONVS2S_INLINE float hsum(v4 v) {
+  const v4 a = v + __builtin_shufflevector(v, v, 2, 3, 0, 1);
+  return a[0] + a[1];
+}
+CONVS2S_INLINE float hsum(v8 v) {
+  return hsum(__builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7));
+}
+CONVS2S_INLINE float hsum(v16 v) {
+  return hsum(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+              __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
-// y[m, n] = s[n] * sum_k x[m, k] w[n, k] (+ b[n]) for n in [n0, n1): weight rows are contiguous
-// (Linear). s (per-output scale of int8 weights) may be null. With one or two rows a single
-// accumulator chain would be bound by the FMA latency, so U independent chains run side by side.
-template <int M, typename W>
-inline __attribute__((always_inline)) void dot_form(const float* x, int64_t ldx, const W* w, int64_t K,
-                                                    const float* b, const float* s, float* y, int64_t ldy,
-                                                    int64_t n0, int64_t n1) {
-  constexpr int U = M == 1 ? 4 : (M == 2 ? 2 : 1);
-  const int64_t KU = K - K % (16 * U), K16 = K - K % 16;
-  for (int64_t n = n0; n < n1; ++n) {
-    const W* wr = w + n * K;
-    v16 acc[M][U];
-    for (int m = 0; m < M; ++m)
-      for (int u = 0; u < U; ++u) acc[m][u] = v16{};
-    for (int64_t k = 0; k < KU; k += 16 * U) {
-      for (int u = 0; u < U; ++u) {
-        const v16 wv = load16(wr + k + 16 * u);
-        for (int m = 0; m < M; ++m) acc[m][u] += load16(x + m * ldx + k + 16 * u) * wv;
-      }
-    }
-    for (int64_t k = KU; k < K16; k += 16) {
-      const v16 wv = load16(wr + k);
-      for (int m = 0; m < M; ++m) acc[m][0] += load16(x + m * ldx + k) * wv;
-    }
+// The operands of one product: y[m, n] = s[n] * sum_k x[m, k] w(k, n) + b[n] (s, b may be null).
+template <typename W>
+struct Gemm {
+  const float* x;
+  int64_t ldx;
+  const W* w;
+  int64_t K, N;
+  const float* b;
+  const float* s;
+  float* y;
+  int64_t ldy;
+};
+
+// ---- (K, N) weights (the linearised conv weight): broadcast x[m, k] times weight row pieces ----
+
+// Tile: rows [r, r + M) x columns [c, c + VT * lanes), k in [k0, k1); accumulators start from y
+// (partial sums of earlier K chunks) unless this is the first chunk.
+template <typename V, int M, int VT, typename W>
+CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, int64_t k1, bool first) {
+  constexpr int L = Vec<V>::lanes;
+  V acc[M][VT];
+  for (int m = 0; m < M; ++m)
+    for (int v = 0; v < VT; ++v) acc[m][v] = first ? V{} : load<V>(g.y + (r + m) * g.ldy + c + v * L);
+  const float* x = g.x + r * g.ldx;
+  for (int64_t k = k0; k < k1; ++k) {
+    V wv[VT];
+    for (int v = 0; v < VT; ++v) wv[v] = load<V>(g.w + k * g.N + c + v * L);
     for (int m = 0; m < M; ++m) {
-      v16 total = acc[m][0];
-      for (int u = 1; u < U; ++u) total += acc[m][u];
-      float sum = hsum(total);
-      for (int64_t k = K16; k < K; ++k) sum += x[m * ldx + k] * to_float(wr[k]);
-      y[m * ldy + n] = (s ? s[n] * sum : sum) + (b ? b[n] : 0.f);
+      const float xv = x[m * g.ldx + k];
+      for (int v = 0; v < VT; ++v) acc[m][v] += xv * wv[v];
     }
   }
+  for (int m = 0; m < M; ++m)
+    for (int v = 0; v < VT; ++v) store<V>(g.y + (r + m) * g.ldy + c + v * L, acc[m][v]);
 }
 
-// y[m, n0:n1] = s * sum_k x[m, k] w[k, n0:n1] (+ b): weight columns are contiguous (conv step,
-// (K, N)); s (per-column scale of int8 weights) may be null.
-template <int M, typename W>
-inline __attribute__((always_inline)) void axpy_form(const float* x, int64_t ldx, const W* w, int64_t K,
-                                                     int64_t N, const float* b, const float* s, float* y,
-                                                     int64_t ldy, int64_t n0, int64_t n1) {
-  constexpr int V = 4;  // 64 columns per block: 4 cache lines of each weight row per k
+// Calls TILE<M> for the rows of one tile (1..MAX), M a compile-time constant.
+#define CONVS2S_ROWS_SWITCH(ROWS, MAX, CALL)                            \
+  switch (ROWS) {                                                      \
+    case 1: { constexpr int M = 1; CALL; break; }                      \
+    case 2: { if constexpr (MAX >= 2) { constexpr int M = 2; CALL; } break; } \
+    case 3: { if constexpr (MAX >= 3) { constexpr int M = 3; CALL; } break; } \
+    case 4: { if constexpr (MAX >= 4) { constexpr int M = 4; CALL; } break; } \
+    case 5: { if constexpr (MAX >= 5) { constexpr int M = 5; CALL; } break; } \
+    case 6: { if constexpr (MAX >= 6) { constexpr int M = 6; CALL; } break; } \
+    case 7: { if constexpr (MAX >= 7) { constexpr int M = 7; CALL; } break; } \
+    default: { if constexpr (MAX >= 8) { constexpr int M = 8; CALL; } break; } \
+  }
+
+// Columns [n0, n1) of every row (one thread's panel). K is swept in chunks of KC weight rows,
+// each chunk across the whole panel: KC sequential streams that the hardware prefetchers follow
+// (a narrow column block walked down K jumps a page per row and starves them), and each tile's
+// KC x width piece is still in L1 when the next row tile reads it. Partial sums wait in y.
+template <typename V, int MT, int VT, typename W>
+CONVS2S_INLINE void kn_panel(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {
+  constexpr int L = Vec<V>::lanes;
+  constexpr int64_t KC = 16;
+  for (int64_t k0 = 0; k0 < g.K; k0 += KC) {
+    const int64_t k1 = std::min(g.K, k0 + KC);
+    const bool first = k0 == 0;
+    int64_t c = n0;
+    for (; c + VT * L <= n1; c += VT * L)
+      for (int64_t r = 0; r < rows; r += MT)
+        CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (kn_tile<V, M, VT>(g, r, c, k0, k1, first)))
+    for (; c + L <= n1; c += L)
+      for (int64_t r = 0; r < rows; r += MT)
+        CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (kn_tile<V, M, 1>(g, r, c, k0, k1, first)))
+    for (; c < n1; ++c) {  // ragged edge
+      for (int64_t m = 0; m < rows; ++m) {
+        float sum = first ? 0.f : g.y[m * g.ldy + c];
+        for (int64_t k = k0; k < k1; ++k) sum += g.x[m * g.ldx + k] * to_float(g.w[k * g.N + c]);
+        g.y[m * g.ldy + c] = sum;
+      }
+    }
+  }
+  if (g.s == nullptr && g.b == nullptr) return;
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t c = n0; c < n1; ++c) {
+      float& out = g.y[m * g.ldy + c];
+      out = (g.s ? g.s[c] * out : out) + (g.b ? g.b[c] : 0.f);
+    }
+}
+
+// ---- (N, K) weights (nn.Linear): dot products along contiguous weight rows ----
+
+// Tile: rows [r, r + M) x outputs [n, n + NT), the whole of K; finishes y (scale and bias).
+template <typename V, int M, int NT, typename W>
+CONVS2S_INLINE void nk_tile(const Gemm<W>& g, int64_t r, int64_t n) {
+  constexpr int L = Vec<V>::lanes;
+  const int64_t KL = g.K - g.K % L;
+  V acc[M][NT];
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NT; ++j) acc[m][j] = V{};
+  const W* w = g.w + n * g.K;
+  const float* x = g.x + r * g.ldx;
+  for (int64_t k = 0; k < KL; k += L) {
+    V wv[NT];
+    for (int j = 0; j < NT; ++j) wv[j] = load<V>(w + j * g.K + k);
+    for (int m = 0; m < M; ++m) {
+      const V xv = load<V>(x + m * g.ldx + k);
+      for (int j = 0; j < NT; ++j) acc[m][j] += xv * wv[j];
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NT; ++j) {
+      float sum = hsum(acc[m][j]);
+      for (int64_t k = KL; k < g.K; ++k) sum += x[m * g.ldx + k] * to_float(w[j * g.K + k]);
+      const int64_t col = n + j;
+      g.y[(r + m) * g.ldy + col] = (g.s ? g.s[col] * sum : sum) + (g.b ? g.b[col] : 0.f);
+    }
+}
+
+template <typename V, int MT, int NT, typename W>
+CONVS2S_INLINE void nk_block(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {
   int64_t n = n0;
-  for (; n + 16 * V <= n1; n += 16 * V) {
-    v16 acc[M][V];
-    for (int m = 0; m < M; ++m)
-      for (int v = 0; v < V; ++v) acc[m][v] = (b && !s) ? load16(b + n + 16 * v) : v16{};
-    for (int64_t k = 0; k < K; ++k) {
-      v16 wv[V];
-      for (int v = 0; v < V; ++v) wv[v] = load16(w + k * N + n + 16 * v);
-      for (int m = 0; m < M; ++m) {
-        const float xv = x[m * ldx + k];
-        for (int v = 0; v < V; ++v) acc[m][v] += xv * wv[v];
-      }
-    }
-    if (s) {
-      for (int m = 0; m < M; ++m)
-        for (int v = 0; v < V; ++v)
-          acc[m][v] = acc[m][v] * load16(s + n + 16 * v) + (b ? load16(b + n + 16 * v) : v16{});
-    }
-    for (int m = 0; m < M; ++m)
-      for (int v = 0; v < V; ++v) store16(y + m * ldy + n + 16 * v, acc[m][v]);
-  }
-  for (; n < n1; ++n) {  // ragged edge
-    for (int m = 0; m < M; ++m) {
-      float sum = 0.f;
-      for (int64_t k = 0; k < K; ++k) sum += x[m * ldx + k] * to_float(w[k * N + n]);
-      y[m * ldy + n] = (s ? s[n] * sum : sum) + (b ? b[n] : 0.f);
-    }
-  }
+  for (; n + NT <= n1; n += NT)
+    for (int64_t r = 0; r < rows; r += MT)
+      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (nk_tile<V, M, NT>(g, r, n)))
+  for (; n < n1; ++n)
+    for (int64_t r = 0; r < rows; r += MT)
+      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (nk_tile<V, M, 1>(g, r, n)))
 }
 
-#define CONVS2S_SWITCH_M(M_VALUE, CALL) \
-  switch (M_VALUE) {                    \
-    case 1: { constexpr int M = 1; CALL; break; } \
-    case 2: { constexpr int M = 2; CALL; break; } \
-    case 3: { constexpr int M = 3; CALL; break; } \
-    case 4: { constexpr int M = 4; CALL; break; } \
-    case 5: { constexpr int M = 5; CALL; break; } \
-    case 6: { constexpr int M = 6; CALL; break; } \
-    case 7: { constexpr int M = 7; CALL; break; } \
-    default: { constexpr int M = 8; CALL; break; } \
-  }
-
-#define CONVS2S_DEFINE_VARIANT(SUFFIX, TARGET)                                                                   \
+// One variant per instruction set. Register tiles: AVX-512 has 32 zmm (kn: 6 rows x 4 vectors =
+// 24 accumulators + 4 weight vectors; nk: 4 x 4), AVX2 16 ymm (kn: 6 x 2 = 12 + 2; nk: 4 x 2),
+// the baseline (SSE2, 16 xmm holding half a v8 each) smaller still.
+#define CONVS2S_DEFINE_VARIANT(SUFFIX, TARGET, VT_, KN_MT, KN_VT, NK_MT, NK_NT)                                 \
   template <typename W>                                                                                         \
-  TARGET void dot_rows_##SUFFIX(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t K,               \
-                                const float* b, const float* s, float* y, int64_t ldy, int64_t n0, int64_t n1) { \
-    CONVS2S_SWITCH_M(rows, (dot_form<M>(x, ldx, w, K, b, s, y, ldy, n0, n1)))                                   \
+  TARGET void kn_##SUFFIX(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {                             \
+    kn_panel<VT_, KN_MT, KN_VT>(g, rows, n0, n1);                                                               \
   }                                                                                                             \
   template <typename W>                                                                                         \
-  TARGET void axpy_rows_##SUFFIX(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t K,              \
-                                 int64_t N, const float* b, const float* s, float* y, int64_t ldy, int64_t n0, \
-                                 int64_t n1) {                                                                  \
-    CONVS2S_SWITCH_M(rows, (axpy_form<M>(x, ldx, w, K, N, b, s, y, ldy, n0, n1)))                               \
+  TARGET void nk_##SUFFIX(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {                             \
+    nk_block<VT_, NK_MT, NK_NT>(g, rows, n0, n1);                                                               \
   }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-CONVS2S_DEFINE_VARIANT(avx512, __attribute__((target("avx512f"))))
-CONVS2S_DEFINE_VARIANT(avx2, __attribute__((target("avx2,fma"))))
+CONVS2S_DEFINE_VARIANT(avx512, __attribute__((target("avx512f,avx512bw"))), v16, 6, 4, 4, 4)
+CONVS2S_DEFINE_VARIANT(avx2, __attribute__((target("avx2,fma"))), v8, 6, 2, 4, 2)
 #endif
-CONVS2S_DEFINE_VARIANT(base, )
+CONVS2S_DEFINE_VARIANT(base, , v8, 2, 2, 2, 2)
 
 enum class Isa { avx512, avx2, base };
 
@@ -173,7 +244,7 @@ Isa detect_isa() {
   Isa best = Isa::base;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) {
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
     best = Isa::avx512;
   } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     best = Isa::avx2;
@@ -189,6 +260,9 @@ Isa detect_isa() {
 
 const Isa kIsa = detect_isa();
 
+// Column blocks of 64 per task: every thread streams whole 256-byte pieces of each weight row.
+constexpr int64_t kBlock = 64;
+
 }  // namespace
 
 const char* small_gemm_isa() {
@@ -203,13 +277,15 @@ template <typename W>
 void small_gemm_nk(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t N, int64_t K,
                    const float* b, float* y, int64_t ldy, const float* s) {
   TORCH_CHECK(rows >= 1 && rows <= kSmallGemmMaxRows, "small_gemm_nk takes 1..", kSmallGemmMaxRows, " rows");
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+  RECORD_FUNCTION("convs2s::few_rows_nk", std::vector<c10::IValue>());
+  const Gemm<W> g{x, ldx, w, K, N, b, s, y, ldy};
+  at::parallel_for(0, N, kBlock, [&](int64_t n0, int64_t n1) {
     switch (kIsa) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-      case Isa::avx512: dot_rows_avx512(rows, x, ldx, w, K, b, s, y, ldy, n0, n1); break;
-      case Isa::avx2: dot_rows_avx2(rows, x, ldx, w, K, b, s, y, ldy, n0, n1); break;
+      case Isa::avx512: nk_avx512(g, rows, n0, n1); break;
+      case Isa::avx2: nk_avx2(g, rows, n0, n1); break;
 #endif
-      default: dot_rows_base(rows, x, ldx, w, K, b, s, y, ldy, n0, n1);
+      default: nk_base(g, rows, n0, n1);
     }
   });
 }
@@ -218,16 +294,19 @@ template <typename W>
 void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t K, int64_t N,
                    const float* b, float* y, int64_t ldy, const float* s) {
   TORCH_CHECK(rows >= 1 && rows <= kSmallGemmMaxRows, "small_gemm_kn takes 1..", kSmallGemmMaxRows, " rows");
-  // column blocks of 64 per task: every thread streams whole 256-byte pieces of each weight row
-  const int64_t blocks = (N + 63) / 64;
-  at::parallel_for(0, blocks, 2, [&](int64_t b0, int64_t b1) {
-    const int64_t n0 = b0 * 64, n1 = std::min(N, b1 * 64);
+  RECORD_FUNCTION("convs2s::few_rows_kn", std::vector<c10::IValue>());
+  const Gemm<W> g{x, ldx, w, K, N, b, s, y, ldy};
+  // one contiguous panel of whole 64-column blocks per thread
+  const int64_t blocks = (N + kBlock - 1) / kBlock;
+  const int64_t per_thread = (blocks + at::get_num_threads() - 1) / at::get_num_threads();
+  at::parallel_for(0, blocks, per_thread, [&](int64_t b0, int64_t b1) {
+    const int64_t n0 = b0 * kBlock, n1 = std::min(N, b1 * kBlock);
     switch (kIsa) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-      case Isa::avx512: axpy_rows_avx512(rows, x, ldx, w, K, N, b, s, y, ldy, n0, n1); break;
-      case Isa::avx2: axpy_rows_avx2(rows, x, ldx, w, K, N, b, s, y, ldy, n0, n1); break;
+      case Isa::avx512: kn_avx512(g, rows, n0, n1); break;
+      case Isa::avx2: kn_avx2(g, rows, n0, n1); break;
 #endif
-      default: axpy_rows_base(rows, x, ldx, w, K, N, b, s, y, ldy, n0, n1);
+      default: kn_base(g, rows, n0, n1);
     }
   });
 }
@@ -240,10 +319,6 @@ void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const W* w, int64_
 CONVS2S_INSTANTIATE(float)
 CONVS2S_INSTANTIATE(at::BFloat16)
 CONVS2S_INSTANTIATE(int8_t)
-
-}  // namespace convs2s
-
-namespace convs2s {
 
 at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool w_is_nk) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && w.is_contiguous(), "small_gemm: x (M, K), contiguous 2-D weight");
@@ -267,25 +342,41 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optio
   return y.to(x.scalar_type());
 }
 
-at::Tensor small_gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                           const c10::optional<at::Tensor>& bias) {
+namespace {
+
+void check_int8_args(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "linear_int8: x must be float32 (M, K)");
   TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kChar, "linear_int8: qweight must be int8 (N, K)");
-  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  TORCH_CHECK(qweight.size(1) == K, "linear_int8: qweight has ", qweight.size(1), " input features but x has ", K);
-  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == N && scale.scalar_type() == at::kFloat,
+  TORCH_CHECK(qweight.size(1) == x.size(1), "linear_int8: qweight has ", qweight.size(1),
+              " input features but x has ", x.size(1));
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == qweight.size(0) && scale.scalar_type() == at::kFloat,
               "linear_int8: scale must be float32 (N,)");
-  if (M > kSmallGemmMaxRows || M == 0) {
-    // many rows: a GEMM is compute-bound there, so dequantise once and let the BLAS run
-    const at::Tensor w = qweight.to(at::kFloat).mul_(scale.unsqueeze(1));
-    return bias.has_value() ? at::addmm(*bias, x, w.t()) : at::mm(x, w.t());
-  }
+}
+
+}  // namespace
+
+at::Tensor small_gemm_int8_kernel(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                                  const c10::optional<at::Tensor>& bias) {
+  check_int8_args(x, qweight, scale);
+  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
+  TORCH_CHECK(M >= 1 && M <= kSmallGemmMaxRows, "the int8 few-row kernel takes 1..", kSmallGemmMaxRows, " rows");
   const at::Tensor xc = x.contiguous(), qc = qweight.contiguous(), sc = scale.contiguous();
   at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   at::Tensor y = new_output({M, N}, x.options());
   small_gemm_nk(M, xc.data_ptr<float>(), K, qc.data_ptr<int8_t>(), N, K, bf.defined() ? bf.data_ptr<float>() : nullptr,
                 y.data_ptr<float>(), N, sc.data_ptr<float>());
   return y;
+}
+
+at::Tensor small_gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                           const c10::optional<at::Tensor>& bias) {
+  check_int8_args(x, qweight, scale);
+  if (!use_few_rows(Form::nk, at::kChar, x.size(1), qweight.size(0), x.size(0))) {
+    // many rows: a GEMM is compute-bound there, so dequantise once and let the BLAS run
+    const at::Tensor w = qweight.to(at::kFloat).mul_(scale.unsqueeze(1));
+    return bias.has_value() ? at::addmm(*bias, x, w.t()) : at::mm(x, w.t());
+  }
+  return small_gemm_int8_kernel(x, qweight, scale, bias);
 }
 
 }  // namespace convs2s

@@ -5,7 +5,7 @@
 
 namespace convs2s {
 
-constexpr int64_t kSmallGemmMaxRows = 8;
+constexpr int64_t kSmallGemmMaxRows = 64;  // the kernels take any rows up to this; which rows they should take is measured (kernel_choice)
 
 // y[m, n] = s[n] * sum_k x[m, k] w[n, k] + b[n]: w is (N, K) row-major, as nn.Linear stores it.
 // W is float, at::BFloat16 or int8_t; x, b, s and y are float32; s (the per-output scale of int8
@@ -23,10 +23,13 @@ void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const W* w, int64_
 // x's dtype (bf16 results rounded once from the float32 accumulators, as a bf16 GEMM would).
 at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool w_is_nk);
 // x (M, K) float32 @ (qweight (N, K) int8 * scale (N,) per row)^T + bias: weight-only int8 for
-// decoding (a quarter of float32's bytes streamed, float32 activations and accumulation); more
-// than 8 rows dequantise the weight once and run a GEMM.
+// decoding (a quarter of float32's bytes streamed, float32 activations and accumulation); rows
+// past the measured limit (kernel_choice.h) dequantise the weight once and run a GEMM.
 at::Tensor small_gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                            const c10::optional<at::Tensor>& bias);
+// The int8 few-row kernel itself (1..kSmallGemmMaxRows rows), whatever the measured limit.
+at::Tensor small_gemm_int8_kernel(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                                  const c10::optional<at::Tensor>& bias);
 // The instruction set the kernels were dispatched to on this CPU.
 const char* small_gemm_isa();
 

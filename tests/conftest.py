@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,11 @@ if not torch.cuda.is_available():
 else:  # on GPUs the tests compile one config per kernel (the smallest tile), not the whole tuning space
     os.environ.setdefault("CONVS2S_TRITON_AUTOTUNE", "0")
 os.environ.setdefault("CONVS2S_KERNELS_POISON", "1")
+# Kernel choice: no timing inside the tests (a choice that moves with the machine's load would
+# make results move too); shapes never measured take the few-row kernels up to 8 rows, and the
+# tests of the choice itself (tests/test_tune.py) measure into a temporary cache, never the user's.
+os.environ.setdefault("CONVS2S_TUNE", "0")
+os.environ.setdefault("CONVS2S_TUNE_CACHE", tempfile.mkdtemp(prefix="convs2s-tune-"))
 
 # the op tests' shared harness (tests/ops/harness.py) is importable from every test module
 sys.path.insert(0, str(Path(__file__).resolve().parent / "ops"))

@@ -98,8 +98,23 @@ def test_default_estimates_the_full_set_from_a_sample(tmp_path, capsys):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_rows_are_labelled_by_what_ran(tmp_path):
-    """cpp takes at most 8 rows in ``linear``: at beam 5 with two sentences its projections fall
+@pytest.fixture
+def cpp_linear_up_to_8_rows():
+    """cpp ``linear`` as a backend that cannot take every call: at most 8 rows (then restored)."""
+    import torch
+
+    from convs2s_kernels.dispatch import Capability, register
+    from convs2s_kernels.ops.linear import cpp
+    from convs2s_kernels.ops.linear.api import linear_tensors
+
+    limited = Capability(dtypes={"cpu": (torch.float32, torch.bfloat16)}, rows=(1, 8), backward=False)
+    register("cpp", "linear", cpp.linear_cpp, limited, linear_tensors)
+    yield
+    register("cpp", "linear", cpp.linear_cpp, cpp.CAPABILITY, linear_tensors)
+
+
+def test_rows_are_labelled_by_what_ran(tmp_path, cpp_linear_up_to_8_rows):
+    """With cpp ``linear`` limited to 8 rows, at beam 5 with two sentences its projections fall
     back to the reference, and the row says so (cpp*), with the calls counted per op."""
     import convs2s_kernels as ck
 

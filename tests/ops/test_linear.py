@@ -1,5 +1,6 @@
-"""``linear``: the cpp few-row kernel against ``F.linear`` (every row count it takes, fp32 and bf16,
-ragged sizes), its fallback where it does not apply, and the raw kernel's own refusals."""
+"""``linear``: the cpp backend against ``F.linear`` (the few-row kernel's rows, the GEMM's beyond
+them, fp32 and bf16, ragged sizes, leading dimensions, no rows), its fallback where it does not
+apply, and the raw kernel's own refusals. The kernels alone: test_few_rows_kernels.py."""
 
 import pytest
 import torch
@@ -32,6 +33,17 @@ def test_cpp_linear_every_row_count_and_ragged_sizes(rows, K, N):
     torch.testing.assert_close(ck.linear(x, w, backend="cpp"), torch.nn.functional.linear(x, w), atol=2e-5, rtol=1e-4)
 
 
+@torch.no_grad()
+def test_cpp_linear_takes_any_rows_and_leading_dims():
+    w, b = torch.randn(33, 20) / 5, torch.randn(33)
+    for shape in [(0, 20), (90, 20), (3, 4, 20), (2, 70, 20)]:  # no rows; past the kernels; 3-D
+        x = torch.randn(*shape)
+        runnable("cpp", "linear", x, w, b)
+        out = ck.linear(x, w, b, backend="cpp")
+        assert out.shape == (*shape[:-1], 33)
+        torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b), atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("rows", [2, 5, 8])
 @torch.no_grad()
 def test_cpp_linear_bf16_matches_a_bf16_linear(rows):
@@ -50,8 +62,8 @@ def test_cpp_linear_kernel_rejects_what_it_cannot_do():
     """The raw kernel refuses what its capability record says the dispatcher must not send it."""
     require_or_skip("cpp")
     native = ck.extension.native()
-    with pytest.raises(RuntimeError, match="1..8 rows"):
-        native.small_linear(torch.randn(9, 4), torch.randn(3, 4))
+    with pytest.raises(RuntimeError, match="at least one row"):
+        native.small_linear(torch.randn(0, 4), torch.randn(3, 4))
     with pytest.raises(RuntimeError, match="float32 or bf16"):
         native.small_linear(torch.randn(2, 4).double(), torch.randn(3, 4).double())
     assert ck.extension.small_gemm_isa() in ("avx512f", "avx2+fma", "baseline")
@@ -60,7 +72,7 @@ def test_cpp_linear_kernel_rejects_what_it_cannot_do():
 def test_linear_falls_back_where_the_cpp_kernel_does_not_apply():
     w = torch.randn(7, 5, requires_grad=True)
     cpu = torch.device("cpu")
-    assert ck.backend_reasons("cpp", "linear", cpu, torch.randn(9, 5), w.detach())  # too many rows
+    assert not ck.backend_reasons("cpp", "linear", cpu, torch.randn(90, 5), w.detach())  # any rows (GEMM past the few)
     assert ck.backend_reasons("cpp", "linear", cpu, torch.randn(3, 5), w)  # needs a gradient
     out = ck.linear(torch.randn(3, 5), w, backend="cpp,reference")  # falls back, keeps autograd
     out.sum().backward()

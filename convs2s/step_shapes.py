@@ -1,0 +1,38 @@
+"""The weights one decoding step multiplies, named as the kernel choice keys them
+(:mod:`convs2s_kernels.tune`), so that the decoder can have the few-row kernels measured against
+the GEMM for exactly its shapes before it decodes."""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+import torch.nn as nn
+
+from convs2s_kernels.tune import Shape
+
+from .layers import ConvTBCWeight, WeightNormed
+
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+def _shape(module: nn.Module) -> List[Shape]:
+    """A conv weight is (K, N) = (k * C_in, 2C) for float steps; int8 ones are quantised per
+    output row, (N, K); Linear weights are (N, K) either way."""
+    if isinstance(module, ConvTBCWeight):
+        K, N, form = module.kernel_width * module.in_channels, module.out_channels, "kn"
+    elif isinstance(module, WeightNormed):
+        K, N, form = module.in_features, module.out_features, "nk"
+    else:  # a plain nn.Linear (fc3 tied to the target embedding)
+        (N, K), form = module.weight.shape, "nk"
+    if isinstance(module, WeightNormed) and module.use_int8:
+        return [Shape("nk", "int8", K, N)]
+    dtype = _DTYPES.get(module.bias.dtype)
+    return [] if dtype is None else [Shape(form, dtype, K, N)]  # float64: the kernels do not take it
+
+
+def step_weight_shapes(decoder: nn.Module) -> List[Shape]:
+    """fc1, every residual projection and convolution, fc2 and fc3, in that order (no repeats)."""
+    modules = [decoder.fc1, *[p for p in decoder.projections if p is not None], *decoder.convolutions,
+               decoder.fc2, decoder.fc3]
+    return list(dict.fromkeys(s for m in modules for s in _shape(m)))

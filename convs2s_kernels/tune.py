@@ -1,0 +1,252 @@
+"""Kernel choice by measurement: for each weight shape a decoding step multiplies, at which row
+counts the few-row streaming kernels (``csrc/small_gemm.cpp``) beat ATen's GEMM (MKL / oneDNN).
+
+Both candidates are timed side by side, interleaved, at row buckets 1..64; each bucket takes its
+winner, and a row count between buckets takes the kernel only when both neighbours chose it, so
+the cpp backend never runs a kernel measured slower than the GEMM the reference composition
+calls. Choices are measured once per machine (:mod:`convs2s_kernels.tune_cache`) and handed to
+the extension, which consults them on every call. :func:`ensure` is what the model calls before
+decoding (measuring only what the cache lacks; ``CONVS2S_TUNE=0`` turns measuring off, and a
+shape never measured takes the kernels up to 8 rows); ``python3 -m convs2s_kernels.tune``
+prints the table::
+
+    python3 -m convs2s_kernels.tune --shapes kn:1536x1024,nk:512x40000 --dtype float32,int8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from . import tune_cache
+from .extension import native, unavailable_reason
+
+ENV = "CONVS2S_TUNE"
+ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+FORMS = {"nk": 0, "kn": 1}  # (N, K) nn.Linear weights; (K, N) linearised conv weights
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
+_applied: Dict[str, dict] = {}  # shape name -> entry handed to the extension in this process
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One weight a decoding step multiplies: its layout, its dtype, ``K`` inputs, ``N`` outputs."""
+
+    form: str
+    dtype: str
+    K: int
+    N: int
+
+    def __post_init__(self):
+        if self.form not in FORMS:
+            raise ValueError(f"form must be one of {', '.join(FORMS)}, got {self.form!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.form == "kn" and self.dtype == "int8":
+            raise ValueError("int8 weights are stored (N, K): form nk")
+        if self.K < 1 or self.N < 1:
+            raise ValueError(f"K and N must be positive, got {self.K}x{self.N}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.form}:{self.dtype}:{self.K}x{self.N}"
+
+
+def _operands(shape: Shape, rows: int, gen: torch.Generator):
+    dtype = DTYPES[shape.dtype]
+    act = torch.float32 if dtype == torch.int8 else dtype
+    x = torch.randn(rows, shape.K, generator=gen).to(act)
+    bias = torch.randn(shape.N, generator=gen).to(act)
+    if dtype == torch.int8:
+        q = torch.randint(-127, 128, (shape.N, shape.K), dtype=torch.int8, generator=gen)
+        return x, (q, torch.rand(shape.N, generator=gen) / 127), bias
+    w = torch.randn(*((shape.N, shape.K) if shape.form == "nk" else (shape.K, shape.N)), generator=gen)
+    return x, w.to(dtype), bias
+
+
+def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], object], Callable[[], object]]:
+    """``(few-row kernel, ATen GEMM)`` for ``rows`` rows of this shape, each a no-argument call."""
+    C = native()
+    x, w, b = _operands(shape, rows, torch.Generator().manual_seed(seed))
+    if shape.dtype == "int8":
+        q, s = w
+        # the GEMM side of an int8 weight: dequantise, then the float GEMM (what the extension does)
+        return (lambda: C.small_gemm_int8(x, q, s, b),
+                lambda: torch.addmm(b, x, (q.to(torch.float32) * s.unsqueeze(1)).t()))
+    if shape.form == "nk":
+        return lambda: C.small_gemm_nk(x, w, b), lambda: F.linear(x, w, b)
+    return lambda: C.small_gemm_kn(x, w, b), lambda: torch.addmm(b, x, w)
+
+
+def time_pair(fns: Sequence[Callable[[], object]], repeats: int = 7, budget_s: float = 0.5) -> List[float]:
+    """Median seconds of each function, calls interleaved (a, b, a, b, ...) after one warm-up
+    each, so that clock and cache drift touch both alike; fewer repeats when calls are slow."""
+    for fn in fns:
+        fn()
+    samples: List[List[float]] = [[] for _ in fns]
+    deadline = time.perf_counter() + budget_s
+    for i in range(repeats):
+        for fn, out in zip(fns, samples):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        if i >= 2 and time.perf_counter() > deadline:
+            break
+    return [statistics.median(s) for s in samples]
+
+
+def kernel_rows(timings: Dict[int, Tuple[float, float]], cap: int) -> List[bool]:
+    """For each row count 1..``cap``: does the few-row kernel take it? A measured bucket takes
+    its winner; a row count between two buckets takes the kernel only when both chose it; past
+    the last bucket measured, the GEMM."""
+    won = {rows: k <= g for rows, (k, g) in timings.items()}
+    buckets = sorted(won)
+    choice = []
+    for rows in range(1, cap + 1):
+        below = [b for b in buckets if b <= rows]
+        above = [b for b in buckets if b >= rows]
+        choice.append(bool(below and above and won[below[-1]] and won[above[0]]))
+    return choice
+
+
+def measure(shape: Shape, buckets: Iterable[int] = ROW_BUCKETS) -> dict:
+    """Time both candidates at every bucket (up to the kernels' row cap) until the kernel has lost
+    at two buckets in a row; a loss is timed again with more repeats before it counts (one noisy
+    sample must not decide). The entry holds the timings (microseconds, kernel then GEMM)."""
+    cap = native().few_rows_max()
+    timings: Dict[int, Tuple[float, float]] = {}
+    losses = 0
+    for rows in (r for r in buckets if r <= cap):
+        fns = candidates(shape, rows)
+        timings[rows] = tuple(time_pair(fns))
+        if timings[rows][0] > timings[rows][1]:
+            timings[rows] = tuple(time_pair(fns, repeats=15, budget_s=1.0))
+        losses = losses + 1 if timings[rows][0] > timings[rows][1] else 0
+        if losses == 2:
+            break
+    return dict(timings={str(r): [round(t * 1e6, 2) for t in ts] for r, ts in timings.items()})
+
+
+def _timings(entry: dict) -> Dict[int, Tuple[float, float]]:
+    return {int(r): (float(k), float(g)) for r, (k, g) in entry["timings"].items()}
+
+
+def apply(shape: Shape, entry: dict) -> None:
+    C = native()
+    C.set_few_rows_choice(FORMS[shape.form], shape.dtype, shape.K, shape.N,
+                          kernel_rows(_timings(entry), C.few_rows_max()))
+    _applied[shape.name] = entry
+
+
+def parse_shape(name: str) -> Shape:
+    """``form:dtype:KxN`` (as :attr:`Shape.name` writes it) or ``form:KxN`` (float32)."""
+    parts = name.split(":")
+    try:
+        form, dtype, dims = (parts[0], "float32", parts[1]) if len(parts) == 2 else parts
+        K, N = (int(v) for v in dims.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"a shape is form:dtype:KxN or form:KxN (e.g. kn:float32:1536x1024), got {name!r}") from None
+    return Shape(form, dtype, K, N)
+
+
+def tuning_enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def ensure(shapes: Iterable[Shape], *, measure_missing: Optional[bool] = None) -> Dict[str, dict]:
+    """Hand the extension a limit for every shape: from this process, from the machine's cache, or
+    measured now (and cached) unless measuring is off. Returns the entries in force. A no-op
+    without the extension (nothing runs the kernels then)."""
+    if unavailable_reason() is not None:
+        return {}
+    shapes = list(dict.fromkeys(shapes))
+    missing = [s for s in shapes if s.name not in _applied]
+    if not missing:
+        return {s.name: _applied[s.name] for s in shapes}
+    key = tune_cache.machine_key()
+    cached = tune_cache.load(key)
+    todo = []
+    for s in missing:
+        if s.name in cached:
+            apply(s, cached[s.name])
+        else:
+            todo.append(s)
+    if todo and (tuning_enabled() if measure_missing is None else measure_missing):
+        for s in tqdm(todo, desc="measuring few-row kernels vs GEMM (once per machine)", unit="shape",
+                      disable=not sys.stderr.isatty(), leave=False):
+            cached[s.name] = measure(s)
+            apply(s, cached[s.name])
+        tune_cache.save(cached, key)
+    return {s.name: _applied[s.name] for s in shapes if s.name in _applied}
+
+
+def forget() -> None:
+    """Drop the limits handed to the extension in this process (the defaults apply again)."""
+    native().clear_few_rows_choices()
+    _applied.clear()
+
+
+def _ranges(flags: Sequence[bool]) -> str:
+    """``[T, T, F, T]`` -> ``"1-2, 4"`` (row counts, from 1)."""
+    out, start = [], None
+    for i, on in enumerate(list(flags) + [False], start=1):
+        if on and start is None:
+            start = i
+        elif not on and start is not None:
+            out.append(f"{start}" if start == i - 1 else f"{start}-{i - 1}")
+            start = None
+    return ", ".join(out) or "none"
+
+
+def format_table(entries: Dict[str, dict]) -> str:
+    cap = native().few_rows_max()
+    lines = ["| shape | rows: kernel / GEMM (us) | rows on the few-row kernel |", "|---|---|---|"]
+    for name, e in entries.items():
+        cells = " ".join(f"{r}: {k:.0f}/{g:.0f}" for r, (k, g) in sorted(_timings(e).items()))
+        lines.append(f"| {name} | {cells} | {_ranges(kernel_rows(_timings(e), cap))} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m convs2s_kernels.tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="", help="comma-separated form:dtype:KxN or form:KxN; default: the shapes "
+                   "already in this machine's cache")
+    p.add_argument("--dtype", default="", help="measure every shape also in these weight dtypes (float32,bfloat16,int8)")
+    p.add_argument("--remeasure", action="store_true", help="measure even the shapes the cache has")
+    args = p.parse_args(argv)
+    if unavailable_reason() is not None:
+        p.error(unavailable_reason())
+    try:
+        shapes = [parse_shape(s) for s in args.shapes.split(",") if s.strip()]
+        if not shapes:
+            shapes = [parse_shape(name) for name in tune_cache.load()]
+        for dtype in (d.strip() for d in args.dtype.split(",") if d.strip()):
+            shapes += [Shape(s.form, dtype, s.K, s.N) for s in shapes if not (dtype == "int8" and s.form == "kn")]
+    except ValueError as exc:
+        p.error(str(exc))
+    if not shapes:
+        p.error("no shapes: name some with --shapes (nothing is cached for this machine yet)")
+    if args.remeasure:
+        cached = tune_cache.load()
+        for s in dict.fromkeys(shapes):
+            cached.pop(s.name, None)
+        tune_cache.save(cached)
+        forget()
+    entries = ensure(shapes, measure_missing=True)
+    print(f"few-row kernels ({native().small_gemm_isa()}, {torch.get_num_threads()} threads) against ATen's GEMM; "
+          f"cache: {tune_cache.cache_path()}")
+    print(format_table(entries))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""Where measured kernel choices live between runs: one JSON file per machine key in the user's
+cache (``$CONVS2S_TUNE_CACHE``, else ``$XDG_CACHE_HOME/convs2s`` or ``~/.cache/convs2s``).
+
+A choice holds only on the machine it was measured on, so the key is everything that moves the
+crossover: the CPU model, its instruction sets and the caps on them (oneDNN, MKL, ATen, the
+project's own kernels), the thread count, torch's version and the extension build. A file whose
+key differs (a stale build, another schema) or that does not parse is ignored with a warning
+and replaced by the next measurement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+from . import env
+from .extension import small_gemm_isa
+
+SCHEMA = 1
+DIR_ENV = "CONVS2S_TUNE_CACHE"
+
+
+def _extension_build() -> str:
+    """The extension file's size and modification time: a rebuild (new kernels) is a new key."""
+    from . import extension
+
+    path = getattr(extension._C, "__file__", None) if extension._C is not None else None
+    if path is None:
+        return "none"
+    st = os.stat(path)
+    return f"{st.st_size}-{int(st.st_mtime)}"
+
+
+def machine_key() -> Dict[str, object]:
+    return dict(schema=SCHEMA, cpu=env.cpu_model(), isa=env.instruction_sets(), caps=env.isa_caps(),
+                kernels_isa=small_gemm_isa(), threads=torch.get_num_threads(), torch=torch.__version__,
+                extension=_extension_build())
+
+
+def cache_dir() -> Path:
+    if os.environ.get(DIR_ENV):
+        return Path(os.environ[DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "convs2s"
+
+
+def cache_path(key: Optional[Dict[str, object]] = None) -> Path:
+    key = key or machine_key()
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / f"kernel-choice-{digest}.json"
+
+
+def load(key: Optional[Dict[str, object]] = None) -> Dict[str, dict]:
+    """The cached entries for this machine (shape name -> entry), empty when there are none or
+    the file cannot be trusted (a warning says why)."""
+    key = key or machine_key()
+    path = cache_path(key)
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+            raise ValueError("no entries")
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"ignoring the kernel-choice cache {path}: unreadable ({exc}); it will be measured again")
+        return {}
+    if data.get("key") != key:
+        warnings.warn(f"ignoring the kernel-choice cache {path}: it was measured for another machine or build")
+        return {}
+    return data["entries"]
+
+
+def save(entries: Dict[str, dict], key: Optional[Dict[str, object]] = None) -> Path:
+    """Write the entries atomically (a run interrupted mid-write leaves the old file)."""
+    key = key or machine_key()
+    path = cache_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(dict(key=key, entries=entries), f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

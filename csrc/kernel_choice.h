@@ -1,0 +1,31 @@
+// Which product runs a call with few rows: the streaming kernels (small_gemm.cpp) or ATen's GEMM
+// (MKL / oneDNN). The crossover depends on the CPU, its instruction set, the thread count and
+// the weight's shape, so it is measured (convs2s_kernels.tune) and set here per weight shape; a
+// shape never measured takes the kernels up to kDefaultFewRows rows.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace convs2s {
+
+// The weight's layout: (N, K) as nn.Linear stores it, or (K, N) as the linearised conv weight.
+enum class Form : int64_t { nk = 0, kn = 1 };
+
+constexpr int64_t kDefaultFewRows = 8;
+
+// True when `rows` rows against this weight should run on the few-row kernels.
+bool use_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, int64_t rows);
+
+// Measured choices (convs2s_kernels.tune): kernel_rows[r - 1] says whether r rows run the few-row
+// kernels, for r in 1..kSmallGemmMaxRows.
+void set_few_rows_choice(int64_t form, at::ScalarType weight_dtype, int64_t K, int64_t N,
+                         const std::vector<bool>& kernel_rows);
+void clear_few_rows_choices();
+// (form, dtype name, K, N, kernel_rows) for every measured shape.
+std::vector<std::tuple<int64_t, std::string, int64_t, int64_t, std::vector<bool>>> few_rows_choices();
+
+}  // namespace convs2s

@@ -1,0 +1,116 @@
+"""The few-row kernels themselves (``csrc/small_gemm.cpp``), called raw at every row count they
+take: one register tile, its remainders, several tiles (1..16, 23, 24, 31, 48, 63, 64 rows);
+ragged K and N (vector lanes, 64-column blocks, the 16-row K chunks of the (K, N) layout); rows
+with a stride; fp32, bf16 and int8 weights; both weight layouts; and, in a subprocess, every
+lower instruction-set level (``CONVS2S_KERNELS_ISA``). Then the measured choice routes calls the
+way it says. Tolerances: fp32 against float64 within 1e-4 relative (sums of up to ~1000 products
+of unit-scale terms); bf16 outputs within bf16 rounding (2e-2 relative)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from convs2s_kernels.extension import native
+from harness import require_or_skip
+
+ROWS = list(range(1, 17)) + [23, 24, 31, 48, 63, 64]
+SHAPES = [(1, 5), (16, 16), (33, 70), (300, 129), (517, 1030)]  # (K, N)
+
+
+@pytest.fixture
+def C():
+    require_or_skip("cpp")
+    return native()
+
+
+def _operands(rows, K, N, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    wide = torch.randn(rows, K + 7, generator=g)[:, 3:K + 3]  # rows with a stride, as a slice
+    w = torch.randn(N, K, generator=g) / K ** 0.5
+    b = torch.randn(N, generator=g)
+    return wide.to(dtype), w.to(dtype), b.to(dtype)
+
+
+def _close(got, want, dtype):
+    tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(got.double(), want, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@torch.no_grad()
+def test_float_kernels_every_row_count_and_ragged_shape(C, layout, dtype):
+    assert C.few_rows_max() == 64
+    for K, N in SHAPES:
+        for rows in ROWS:
+            x, w, b = _operands(rows, K, N, dtype, seed=rows * 7919 + K)
+            want = F.linear(x.double(), w.double(), b.double())
+            got = C.small_gemm_nk(x, w, b) if layout == "nk" else C.small_gemm_kn(x, w.t().contiguous(), b)
+            assert got.dtype == dtype and got.shape == (rows, N)
+            _close(got, want, dtype)
+            if rows in (1, 13):  # without a bias too
+                nobias = C.small_gemm_nk(x, w) if layout == "nk" else C.small_gemm_kn(x, w.t().contiguous())
+                _close(nobias, F.linear(x.double(), w.double()), dtype)
+
+
+@torch.no_grad()
+def test_int8_kernel_every_row_count_and_ragged_shape(C):
+    for K, N in SHAPES:
+        for rows in ROWS:
+            x, w, b = _operands(rows, K, N, torch.float32, seed=rows * 31 + N)
+            q = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=torch.Generator().manual_seed(rows))
+            s = torch.rand(N, generator=torch.Generator().manual_seed(K)) / 127
+            want = F.linear(x.double(), q.double() * s.double().unsqueeze(1), b.double())
+            _close(C.small_gemm_int8(x, q, s, b), want, torch.float32)
+
+
+def test_kernels_refuse_more_rows_than_they_take(C):
+    with pytest.raises(RuntimeError, match="1..64 rows"):
+        C.small_gemm_nk(torch.randn(65, 4), torch.randn(3, 4))
+    with pytest.raises(RuntimeError, match="1..64 rows"):
+        C.small_gemm_int8(torch.randn(65, 4), torch.zeros(3, 4, dtype=torch.int8), torch.ones(3), None)
+
+
+@pytest.mark.parametrize("cap,expected", [("avx2", ("avx2+fma", "baseline")), ("baseline", ("baseline",))])
+def test_every_lower_instruction_set_passes_the_same_tests(C, cap, expected):
+    """The kernels are compiled three times; an AVX-512 machine checks its AVX2 and baseline
+    copies by capping them (the same tests, in a subprocess that loads the extension capped)."""
+    env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "float_kernels or int8_kernel or refuse", "-W", "ignore"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    isa = subprocess.run([sys.executable, "-c", "import convs2s_kernels as ck; print(ck.extension.small_gemm_isa())"],
+                         capture_output=True, text=True, env=env, timeout=120).stdout.strip()
+    assert isa in expected
+
+
+@torch.no_grad()
+def test_the_measured_choice_routes_each_row_count(C):
+    """A choice handed to the extension decides, per row count, between the kernel and ATen's
+    GEMM (bit-for-bit the one or the other); a shape never measured takes the kernel up to 8 rows."""
+    K, N = 40, 24
+    w, b = torch.randn(N, K), torch.randn(N)
+    rows_on_kernel = [r % 3 == 0 for r in range(1, 65)]
+    C.set_few_rows_choice(0, "float32", K, N, rows_on_kernel)
+    try:
+        assert (0, "float32", K, N, rows_on_kernel) in C.few_rows_choices()
+        for rows in (1, 3, 4, 9, 64):
+            x = torch.randn(rows, K)
+            kernel, gemm = C.small_gemm_nk(x, w, b), F.linear(x, w, b)
+            want = kernel if rows_on_kernel[rows - 1] else gemm
+            assert torch.equal(C.small_linear(x, w, b), want), rows
+    finally:
+        C.clear_few_rows_choices()
+    assert C.few_rows_choices() == [] and C.few_rows_default() == 8
+    for rows, on_kernel in ((8, True), (9, False)):
+        x = torch.randn(rows, K)
+        assert torch.equal(C.small_linear(x, w, b), C.small_gemm_nk(x, w, b) if on_kernel else F.linear(x, w, b))
+    with pytest.raises(RuntimeError, match="one entry per row count"):
+        C.set_few_rows_choice(0, "float32", K, N, [True] * 3)
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or int8"):
+        C.set_few_rows_choice(0, "float16", K, N, [True] * 64)

@@ -1,0 +1,125 @@
+"""Kernel choice by measurement (convs2s_kernels.tune): the rule that turns timings into row
+counts, the per-machine cache (written atomically; corrupt or stale files ignored with a
+warning), measuring only what is missing, CONVS2S_TUNE=0, the CLI, and the decoder asking for
+exactly its step's weight shapes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import convs2s_kernels.tune as tune
+from convs2s_kernels import tune_cache
+from convs2s_kernels.extension import native
+from harness import require_or_skip
+
+from convs2s.model import build_model
+from convs2s.step_shapes import step_weight_shapes
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """An empty cache of our own and no choice in force, before and after."""
+    require_or_skip("cpp")
+    monkeypatch.setenv(tune_cache.DIR_ENV, str(tmp_path))
+    tune.forget()
+    yield tmp_path
+    tune.forget()
+
+
+def _fake_measure(calls):
+    def measure(shape):
+        calls.append(shape.name)
+        return dict(timings={"1": [1.0, 2.0], "8": [3.0, 4.0], "12": [5.0, 4.0], "16": [9.0, 6.0]})
+    return measure
+
+
+def test_each_bucket_takes_its_winner_and_between_buckets_both_must_agree():
+    t = {1: (1, 2), 2: (3, 2), 4: (1, 2), 8: (1, 2), 12: (3, 2)}  # kernel loses at 2 and 12
+    rows = tune.kernel_rows(t, 16)
+    assert [r for r, on in enumerate(rows, 1) if on] == [1, 4, 5, 6, 7, 8]
+    assert tune.kernel_rows({}, 4) == [False] * 4
+    assert tune.kernel_rows({1: (2, 1)}, 2) == [False, False]
+
+
+def test_measure_times_both_candidates_until_the_kernel_loses(fresh):
+    entry = tune.measure(tune.Shape("nk", "float32", 24, 40), buckets=(1, 2, 4))
+    measured = list(entry["timings"])
+    assert measured in (["1", "2"], ["1", "2", "4"])  # it stops only after two losses in a row
+    assert all(len(v) == 2 and min(v) > 0 for v in entry["timings"].values())
+
+
+def test_ensure_measures_what_is_missing_once_then_reads_the_cache(fresh, monkeypatch):
+    calls = []
+    monkeypatch.setattr(tune, "measure", _fake_measure(calls))
+    shapes = [tune.Shape("nk", "float32", 24, 40), tune.Shape("kn", "bfloat16", 30, 64)]
+    entries = tune.ensure(shapes, measure_missing=True)
+    assert calls == [s.name for s in shapes] and set(entries) == set(calls)
+    choices = {(c[0], c[1], c[2], c[3]): c[4] for c in native().few_rows_choices()}
+    assert [r for r, on in enumerate(choices[(0, "float32", 24, 40)], 1) if on] == list(range(1, 9))
+    saved = json.loads(tune_cache.cache_path().read_text())
+    assert saved["key"] == tune_cache.machine_key() and set(saved["entries"]) == set(calls)
+    tune.forget()  # as a new process would start
+    tune.ensure(shapes, measure_missing=True)
+    assert len(calls) == 2  # nothing measured again: the cache held both
+
+
+@pytest.mark.parametrize("content,why", [("{not json", "unreadable"), ('{"key": {}, "entries": {}}', "another machine")])
+def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(fresh, monkeypatch, content, why):
+    calls = []
+    monkeypatch.setattr(tune, "measure", _fake_measure(calls))
+    path = tune_cache.cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    with pytest.warns(UserWarning, match=why):
+        tune.ensure([tune.Shape("nk", "float32", 8, 8)], measure_missing=True)
+    assert calls == ["nk:float32:8x8"]
+    assert json.loads(path.read_text())["key"] == tune_cache.machine_key()  # replaced by the new measurement
+
+
+def test_measuring_off_leaves_unmeasured_shapes_at_the_default(fresh, monkeypatch):
+    monkeypatch.setenv(tune.ENV, "0")
+    monkeypatch.setattr(tune, "measure", lambda shape: pytest.fail("measured with CONVS2S_TUNE=0"))
+    assert tune.ensure([tune.Shape("nk", "float32", 8, 8)]) == {}
+    assert native().few_rows_choices() == []
+
+
+def test_bad_shapes_name_the_problem():
+    with pytest.raises(ValueError, match="form must be one of nk, kn"):
+        tune.Shape("mk", "float32", 1, 1)
+    with pytest.raises(ValueError, match="int8 weights are stored"):
+        tune.Shape("kn", "int8", 4, 4)
+    with pytest.raises(ValueError, match="form:dtype:KxN"):
+        tune.parse_shape("nk:12")
+    assert tune.parse_shape("kn:1536x1024") == tune.Shape("kn", "float32", 1536, 1024)
+
+
+def test_cli_prints_the_table_and_refuses_bad_shapes(fresh):
+    env = dict(__import__("os").environ, **{tune_cache.DIR_ENV: str(fresh)})
+    run = lambda *a: subprocess.run([sys.executable, "-m", "convs2s_kernels.tune", *a], capture_output=True,  # noqa: E731
+                                    text=True, env=env, timeout=300)
+    ok = run("--shapes", "nk:16x24,kn:bfloat16:16x32", "--dtype", "int8")
+    assert ok.returncode == 0, ok.stderr
+    for name in ("nk:float32:16x24", "kn:bfloat16:16x32", "nk:int8:16x24"):
+        assert f"| {name} |" in ok.stdout
+    assert "kn:int8" not in ok.stdout and "RuntimeWarning" not in ok.stderr
+    bad = run("--shapes", "nk:16")
+    assert bad.returncode == 2 and "form:dtype:KxN" in bad.stderr.splitlines()[-1]
+
+
+def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
+    model = build_model("fconv_iwslt_de_en", 50, 60).eval()
+    shapes = step_weight_shapes(model.decoder)
+    names = [s.name for s in shapes]
+    assert names[0] == "nk:float32:256x256" and names[-1] == "nk:float32:256x60"  # fc1 ... fc3
+    assert "kn:float32:768x512" in names  # a 256-channel convolution of width 3: (3 * 256, 2 * 256)
+    model.quantize_decoder_int8()
+    int8 = [s.name for s in step_weight_shapes(model.decoder)]
+    assert "nk:int8:768x512" in int8 and all(":int8:" in n for n in int8)
+    asked = []
+    monkeypatch.setattr("convs2s.decoder.ensure_kernel_choice", lambda s: asked.append([x.name for x in s]))
+    with torch.no_grad():
+        model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2)
+    assert asked == [int8]
