@@ -1,0 +1,145 @@
+"""Where a decoding step's time goes: one step of a model (random weights, folded attention, the
+default backend) at a few row counts, its wall time against the machine's own limits measured
+in the same run (weight bytes / copy bandwidth, FLOPs / GEMM peak), and its ops' share from
+torch.profiler (the C++ kernels record themselves: ``convs2s::few_rows_nk`` / ``few_rows_kn``).
+
+    python3 -m convs2s_bench.step_profile --arch fconv_wmt_en_fr --rows 1,12,160 --out profile.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from convs2s.model import build_model
+from convs2s_kernels.env import machine_description
+
+from .roofline import copy_peak_gbps, gemm_peak_gflops
+
+SOURCE_LEN = 27  # the mean newstest source (25.4 subwords) rounded up, as in the peer workload
+
+
+def sentences_and_beam(rows: int) -> Tuple[int, int]:
+    """Rows as sentences x beam: beam 5 where it divides, else 4, else 1 (12 rows: 3 x 4)."""
+    for beam in (5, 4):
+        if rows % beam == 0 and rows > beam:
+            return rows // beam, beam
+    return rows, 1
+
+
+def _step_weights(decoder) -> List[torch.Tensor]:
+    """fc1, the residual projections, the convolutions, fc2 and fc3: what a folded step reads."""
+    modules = [decoder.fc1, *[p for p in decoder.projections if p is not None], *decoder.convolutions,
+               decoder.fc2, decoder.fc3]
+    return [m.effective_weight() if hasattr(m, "effective_weight") else m.weight for m in modules]
+
+
+def step_bounds(model, rows: int, src_len: int) -> Tuple[int, float]:
+    """(bytes of weights a step streams, FLOPs of a step): every step weight read once, and each
+    row's products with them plus its folded attention over the source (scores and weighted
+    sum, 2 x S x C FLOPs each)."""
+    weights = _step_weights(model.decoder)
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
+    flops = 2.0 * rows * sum(w.numel() for w in weights)
+    for conv, att in zip(model.decoder.convolutions, model.decoder.attention):
+        if att is not None:
+            flops += 2.0 * rows * 2 * src_len * conv.out_channels // 2
+    return weight_bytes, flops
+
+
+def _step_fn(model, rows: int, src_len: int):
+    sentences, beam = sentences_and_beam(rows)
+    src = torch.randint(4, model.src_vocab_size, (sentences, src_len), generator=torch.Generator().manual_seed(rows))
+    state = model.init_decoder_state(model.encode(src), beam, fold_attention=True)
+    tokens = torch.full((rows,), 2, dtype=torch.long)
+
+    def step():
+        logits, _ = model.decode_step(tokens, state)
+        return torch.log_softmax(logits.float(), dim=-1)
+    return step
+
+
+def profile_rows(model, rows: int, steps: int = 10, src_len: int = SOURCE_LEN) -> dict:
+    """Median step seconds, and each op's self time per step (ms) from 5 profiled steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        step = _step_fn(model, rows, src_len)
+        for _ in range(3):
+            step()
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(5):
+                step()
+    ops = {e.key: e.self_cpu_time_total / 1e3 / 5 for e in prof.key_averages()}
+    return dict(rows=rows, step_s=statistics.median(times), step_range=(min(times), max(times)), ops_ms=ops)
+
+
+def format_profile(result: dict, top: int = 8) -> str:
+    m = result["machine"]
+    lines = [f"Decoding-step profile, {result['arch']} (random weights, folded attention, backend auto, fp32), "
+             f"source length {result['src_len']}; {m['cpu']}, {m['threads']} threads, "
+             f"ISA {', '.join(m['isa'])}" + (f" (capped: {m['isa_caps']})" if m['isa_caps'] else "") +
+             f"; kernels {result['kernels_isa']}.",
+             f"Limits measured in this run: copy {result['copy_gbps']:.1f} GB/s, fp32 GEMM {result['gemm_gflops']:.0f} "
+             f"GFLOP/s. Bound = max(weight bytes / copy bandwidth, FLOPs / GEMM peak).", "",
+             "Ops the profiler sees cover the share of the step in 'seen' (kernels built without "
+             "RECORD_FUNCTION labels are invisible to it and fall outside).", "",
+             "| rows | step ms (median, range) | bound ms | step / bound | seen | top ops: ms per step (% of step) |",
+             "|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        step_ms = r["step_s"] * 1e3
+        bound_ms = max(r["bytes"] / result["copy_gbps"] / 1e6, r["flops"] / result["gemm_gflops"] / 1e6)
+        ranked = sorted(r["ops_ms"].items(), key=lambda kv: -kv[1])[:top]
+        ops = "; ".join(f"{k} {v:.2f} ({100 * v / step_ms:.0f}%)" for k, v in ranked)
+        lines.append(f"| {r['rows']} | {step_ms:.2f} ({r['step_range'][0] * 1e3:.2f}-{r['step_range'][1] * 1e3:.2f}) | "
+                     f"{bound_ms:.2f} | {step_ms / bound_ms:.2f}x | {100 * sum(r['ops_ms'].values()) / step_ms:.0f}% | "
+                     f"{ops} |")
+    return "\n".join(lines)
+
+
+def run(arch: str, rows: Sequence[int], src_len: int = SOURCE_LEN, vocab: int = 40000) -> dict:
+    from convs2s_kernels.extension import small_gemm_isa
+
+    torch.manual_seed(0)
+    model = build_model(arch, vocab, vocab).fold_weight_norm().eval()
+    result = dict(arch=arch, src_len=src_len, machine=machine_description(), kernels_isa=small_gemm_isa(),
+                  copy_gbps=copy_peak_gbps(), gemm_gflops=gemm_peak_gflops(), rows=[])
+    for r in rows:
+        rec = profile_rows(model, r, src_len=src_len)
+        rec["bytes"], rec["flops"] = step_bounds(model, r, src_len)
+        result["rows"].append(rec)
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m convs2s_bench.step_profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", default="fconv_wmt_en_fr")
+    p.add_argument("--rows", default="1,12,160", help="comma-separated row counts (sentences x beam)")
+    p.add_argument("--out", help="also write the table to this markdown file")
+    args = p.parse_args(argv)
+    try:
+        rows = [int(r) for r in args.rows.split(",") if r.strip()]
+        if not rows or min(rows) < 1:
+            raise ValueError
+    except ValueError:
+        p.error(f"--rows must be positive integers separated by commas, got {args.rows!r}")
+    text = format_profile(run(args.arch, rows))
+    print(text)
+    if args.out:
+        from convs2s.atomic import atomic_write_text
+
+        atomic_write_text(args.out, text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
