@@ -1,0 +1,42 @@
+"""The step profile (convs2s_bench.step_profile): rows as sentences x beam, the bound's bytes and
+FLOPs from the model's own weights, and a table with one line per row count."""
+
+import pytest
+
+from convs2s.model import build_model
+from convs2s_bench import step_profile
+
+
+def test_rows_split_into_sentences_and_beam():
+    assert step_profile.sentences_and_beam(1) == (1, 1)
+    assert step_profile.sentences_and_beam(12) == (3, 4)
+    assert step_profile.sentences_and_beam(160) == (32, 5)
+    assert step_profile.sentences_and_beam(7) == (7, 1)
+
+
+def test_bound_counts_every_step_weight_once_and_each_rows_products():
+    model = build_model("fconv_iwslt_de_en", 50, 60).fold_weight_norm().eval()
+    d = model.decoder
+    weights = [d.fc1.weight, *[p.weight for p in d.projections if p is not None],
+               *[c.weight for c in d.convolutions], d.fc2.weight, d.fc3.weight]
+    n = sum(w.numel() for w in weights)
+    bytes_, flops = step_profile.step_bounds(model, rows=3, src_len=5)
+    assert bytes_ == 4 * n
+    attention = sum(2 * 3 * 2 * 5 * c.out_channels // 2 for c, a in zip(d.convolutions, d.attention) if a is not None)
+    assert flops == pytest.approx(2 * 3 * n + attention)
+
+
+def test_profile_table_has_a_line_per_row_count(monkeypatch):
+    monkeypatch.setattr(step_profile, "copy_peak_gbps", lambda: 10.0)  # the peaks are measured elsewhere
+    monkeypatch.setattr(step_profile, "gemm_peak_gflops", lambda: 100.0)
+    result = step_profile.run("fconv_iwslt_de_en", [1, 4], src_len=5, vocab=64)
+    assert [r["rows"] for r in result["rows"]] == [1, 4]
+    assert all(r["step_s"] > 0 and r["ops_ms"] for r in result["rows"])
+    text = step_profile.format_profile(result)
+    assert "| 1 |" in text and "| 4 |" in text and "copy 10.0 GB/s" in text
+
+
+def test_bad_rows_name_the_problem(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        step_profile.main(["--rows", "0,x"])
+    assert exit_.value.code == 2 and "--rows must be positive integers" in capsys.readouterr().err
