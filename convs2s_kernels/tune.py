@@ -19,6 +19,7 @@ import argparse
 import os
 import statistics
 import sys
+import warnings
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -185,7 +186,11 @@ def ensure(shapes: Iterable[Shape], *, measure_missing: Optional[bool] = None) -
                       disable=not sys.stderr.isatty(), leave=False):
             cached[s.name] = measure(s)
             apply(s, cached[s.name])
-        tune_cache.save(cached, key)
+        try:
+            tune_cache.save(cached, key)
+        except OSError as exc:  # a read-only home: the choice still holds for this process
+            warnings.warn(f"could not save the kernel choice to {tune_cache.cache_path(key)} ({exc}); "
+                          f"it will be measured again next time (set {tune_cache.DIR_ENV} to a writable folder)")
     return {s.name: _applied[s.name] for s in shapes if s.name in _applied}
 
 

@@ -123,3 +123,14 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     with torch.no_grad():
         model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2)
     assert asked == [int8]
+
+
+def test_an_unwritable_cache_warns_and_keeps_the_choice_for_this_process(fresh, monkeypatch):
+    monkeypatch.setattr(tune, "measure", _fake_measure([]))
+    blocker = fresh / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv(tune_cache.DIR_ENV, str(blocker / "cache"))  # mkdir under a file fails
+    with pytest.warns(UserWarning, match="could not save the kernel choice"):
+        entries = tune.ensure([tune.Shape("nk", "float32", 8, 8)], measure_missing=True)
+    assert list(entries) == ["nk:float32:8x8"]
+    assert native().few_rows_choices()[0][:4] == (0, "float32", 8, 8)
