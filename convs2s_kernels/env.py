@@ -135,6 +135,18 @@ def cpu_model() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
+def kernel_choice_line() -> str:
+    """How many weight shapes have their few-row kernel vs GEMM choice measured on this machine."""
+    from . import tune_cache
+
+    path = tune_cache.cache_path()
+    n = len(tune_cache.load()) if path.exists() else 0
+    if n == 0:
+        return (f"kernel choice: nothing measured here yet (a model measures its shapes the first time it decodes; "
+                f"python3 -m convs2s_kernels.tune; cache {path})")
+    return f"kernel choice: {n} weight shapes measured on this machine (python3 -m convs2s_kernels.tune shows them; {path})"
+
+
 def report() -> str:
     import torch
 
@@ -163,6 +175,7 @@ def report() -> str:
 
     if small_gemm_isa() is not None:
         lines.append(f"cpp few-row kernels: {small_gemm_isa()}")
+        lines.append(kernel_choice_line())
     lines.append("backends:")
     for name, why in ck.available_backends().items():
         lines.append(f"  {name:<9} {'available' if why is None else 'unavailable: ' + why}")

@@ -134,3 +134,12 @@ def test_an_unwritable_cache_warns_and_keeps_the_choice_for_this_process(fresh, 
         entries = tune.ensure([tune.Shape("nk", "float32", 8, 8)], measure_missing=True)
     assert list(entries) == ["nk:float32:8x8"]
     assert native().few_rows_choices()[0][:4] == (0, "float32", 8, 8)
+
+
+def test_the_environment_report_says_what_is_measured(fresh, monkeypatch):
+    from convs2s_kernels.env import kernel_choice_line
+
+    assert kernel_choice_line().startswith("kernel choice: nothing measured here yet")
+    monkeypatch.setattr(tune, "measure", _fake_measure([]))
+    tune.ensure([tune.Shape("nk", "float32", 8, 8)], measure_missing=True)
+    assert kernel_choice_line().startswith("kernel choice: 1 weight shapes measured on this machine")
