@@ -27,13 +27,16 @@ def test_bound_counts_every_step_weight_once_and_each_rows_products():
 
 
 def test_profile_table_has_a_line_per_row_count(monkeypatch):
-    monkeypatch.setattr(step_profile, "copy_peak_gbps", lambda: 10.0)  # the peaks are measured elsewhere
+    sizes = []
+    monkeypatch.setattr(step_profile, "copy_peak_gbps", lambda megabytes: sizes.append(megabytes) or 10.0)
     monkeypatch.setattr(step_profile, "gemm_peak_gflops", lambda: 100.0)
     result = step_profile.run("fconv_iwslt_de_en", [1, 4], src_len=5, vocab=64)
     assert [r["rows"] for r in result["rows"]] == [1, 4]
     assert all(r["step_s"] > 0 and r["ops_ms"] for r in result["rows"])
     text = step_profile.format_profile(result)
     assert "| 1 |" in text and "| 4 |" in text and "copy 10.0 GB/s" in text
+    weight_bytes = round(result["weight_mb"] * 1e6)
+    assert sizes == [max(1, weight_bytes // 2 // (1 << 20))]  # the copy touches as many bytes as the step's weights
 
 
 def test_bad_rows_name_the_problem(capsys):

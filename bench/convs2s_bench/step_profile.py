@@ -89,8 +89,9 @@ def format_profile(result: dict, top: int = 8) -> str:
              f"source length {result['src_len']}; {m['cpu']}, {m['threads']} threads, "
              f"ISA {', '.join(m['isa'])}" + (f" (capped: {m['isa_caps']})" if m['isa_caps'] else "") +
              f"; kernels {result['kernels_isa']}.",
-             f"Limits measured in this run: copy {result['copy_gbps']:.1f} GB/s, fp32 GEMM {result['gemm_gflops']:.0f} "
-             f"GFLOP/s. Bound = max(weight bytes / copy bandwidth, FLOPs / GEMM peak).", "",
+             f"Limits measured in this run: copy {result['copy_gbps']:.1f} GB/s (a copy touching the step's "
+             f"{result.get('weight_mb', 0):.0f} MB of weights), fp32 GEMM {result['gemm_gflops']:.0f} GFLOP/s. "
+             "Bound = max(weight bytes / copy bandwidth, FLOPs / GEMM peak).", "",
              "Ops the profiler sees cover the share of the step in 'seen' (kernels built without "
              "RECORD_FUNCTION labels are invisible to it and fall outside).", "",
              "| rows | step ms (median, range) | bound ms | step / bound | seen | top ops: ms per step (% of step) |",
@@ -111,8 +112,12 @@ def run(arch: str, rows: Sequence[int], src_len: int = SOURCE_LEN, vocab: int = 
 
     torch.manual_seed(0)
     model = build_model(arch, vocab, vocab).fold_weight_norm().eval()
+    weight_bytes, _ = step_bounds(model, 1, src_len)
+    # a copy touching as many bytes as the step's weights (source + destination): memory's bandwidth
+    # for a big model, the caches' for one that fits in them (a step re-reads the same weights)
     result = dict(arch=arch, src_len=src_len, machine=machine_description(), kernels_isa=small_gemm_isa(),
-                  copy_gbps=copy_peak_gbps(), gemm_gflops=gemm_peak_gflops(), rows=[])
+                  copy_gbps=copy_peak_gbps(megabytes=max(1, weight_bytes // 2 // (1 << 20))),
+                  gemm_gflops=gemm_peak_gflops(), weight_mb=weight_bytes / 1e6, rows=[])
     for r in rows:
         rec = profile_rows(model, r, src_len=src_len)
         rec["bytes"], rec["flops"] = step_bounds(model, r, src_len)
