@@ -23,8 +23,8 @@ def _shape(module: nn.Module) -> List[Shape]:
         K, N, form = module.kernel_width * module.in_channels, module.out_channels, "kn"
     elif isinstance(module, WeightNormed):
         K, N, form = module.in_features, module.out_features, "nk"
-    else:  # a plain nn.Linear (fc3 tied to the target embedding)
-        (N, K), form = module.weight.shape, "nk"
+    else:  # a plain nn.Linear (fc3 tied to the target embedding) runs F.linear, never the kernels
+        return []
     if isinstance(module, WeightNormed) and module.use_int8:
         return [Shape("nk", "int8", K, N)]
     dtype = _DTYPES.get(module.bias.dtype)

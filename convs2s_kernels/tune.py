@@ -36,6 +36,8 @@ ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 FORMS = {"nk": 0, "kn": 1}  # (N, K) nn.Linear weights; (K, N) linearised conv weights
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 _applied: Dict[str, dict] = {}  # shape name -> entry handed to the extension in this process
+_unmeasured: set = set()  # shapes looked up and left at the default (measuring off), under _applied_key
+_applied_key: Optional[dict] = None  # the machine key (threads, caps included) the choices above hold for
 
 
 @dataclass(frozen=True)
@@ -164,16 +166,22 @@ def tuning_enabled() -> bool:
 
 
 def ensure(shapes: Iterable[Shape], *, measure_missing: Optional[bool] = None) -> Dict[str, dict]:
-    """Hand the extension a limit for every shape: from this process, from the machine's cache, or
-    measured now (and cached) unless measuring is off. Returns the entries in force. A no-op
-    without the extension (nothing runs the kernels then)."""
+    """Hand the extension a choice for every shape: from this process, from the machine's cache, or
+    measured now (and cached) unless measuring is off. Returns the entries in force. A new thread
+    count or cap drops the choices in force first (they were measured for another machine key).
+    A no-op without the extension (nothing runs the kernels then)."""
     if unavailable_reason() is not None:
         return {}
+    global _applied_key
     shapes = list(dict.fromkeys(shapes))
-    missing = [s for s in shapes if s.name not in _applied]
-    if not missing:
-        return {s.name: _applied[s.name] for s in shapes}
     key = tune_cache.machine_key()
+    if key != _applied_key:  # another thread count (or cap): the choices in force do not hold
+        forget()
+        _applied_key = key
+    measuring = tuning_enabled() if measure_missing is None else measure_missing
+    missing = [s for s in shapes if s.name not in _applied and (measuring or s.name not in _unmeasured)]
+    if not missing:
+        return {s.name: _applied[s.name] for s in shapes if s.name in _applied}
     cached = tune_cache.load(key)
     todo = []
     for s in missing:
@@ -181,7 +189,9 @@ def ensure(shapes: Iterable[Shape], *, measure_missing: Optional[bool] = None) -
             apply(s, cached[s.name])
         else:
             todo.append(s)
-    if todo and (tuning_enabled() if measure_missing is None else measure_missing):
+    if todo and not measuring:
+        _unmeasured.update(s.name for s in todo)
+    elif todo:
         for s in tqdm(todo, desc="measuring few-row kernels vs GEMM (once per machine)", unit="shape",
                       disable=not sys.stderr.isatty(), leave=False):
             cached[s.name] = measure(s)
@@ -198,6 +208,7 @@ def forget() -> None:
     """Drop the limits handed to the extension in this process (the defaults apply again)."""
     native().clear_few_rows_choices()
     _applied.clear()
+    _unmeasured.clear()
 
 
 def _ranges(flags: Sequence[bool]) -> str:

@@ -10,13 +10,14 @@ and replaced by the next measurement.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -38,10 +39,15 @@ def _extension_build() -> str:
     return f"{st.st_size}-{int(st.st_mtime)}"
 
 
+@functools.lru_cache(maxsize=None)
+def _fixed_key() -> Tuple[Tuple[str, object], ...]:
+    """What cannot change within a process: read once (the CPU's flags come from /proc/cpuinfo)."""
+    return tuple(dict(schema=SCHEMA, cpu=env.cpu_model(), isa=env.instruction_sets(), kernels_isa=small_gemm_isa(),
+                      torch=torch.__version__, extension=_extension_build()).items())
+
+
 def machine_key() -> Dict[str, object]:
-    return dict(schema=SCHEMA, cpu=env.cpu_model(), isa=env.instruction_sets(), caps=env.isa_caps(),
-                kernels_isa=small_gemm_isa(), threads=torch.get_num_threads(), torch=torch.__version__,
-                extension=_extension_build())
+    return dict(_fixed_key(), caps=env.isa_caps(), threads=torch.get_num_threads())
 
 
 def cache_dir() -> Path:
@@ -57,10 +63,14 @@ def cache_path(key: Optional[Dict[str, object]] = None) -> Path:
     return cache_dir() / f"kernel-choice-{digest}.json"
 
 
-def load(key: Optional[Dict[str, object]] = None) -> Dict[str, dict]:
+def load(key: Optional[Dict[str, object]] = None, quiet: bool = False) -> Dict[str, dict]:
     """The cached entries for this machine (shape name -> entry), empty when there are none or
-    the file cannot be trusted (a warning says why)."""
+    the file cannot be trusted (a warning says why, unless ``quiet``)."""
     key = key or machine_key()
+    if quiet:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return load(key)
     path = cache_path(key)
     if not path.exists():
         return {}
@@ -78,8 +88,10 @@ def load(key: Optional[Dict[str, object]] = None) -> Dict[str, dict]:
 
 
 def save(entries: Dict[str, dict], key: Optional[Dict[str, object]] = None) -> Path:
-    """Write the entries atomically (a run interrupted mid-write leaves the old file)."""
+    """Write the entries atomically (a run interrupted mid-write leaves the old file), merged over
+    what another process may have written since this one read the file."""
     key = key or machine_key()
+    entries = {**load(key, quiet=True), **entries}
     path = cache_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")

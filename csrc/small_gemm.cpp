@@ -151,6 +151,7 @@ template <typename V, int MT, int VT, typename W>
 CONVS2S_INLINE void kn_panel(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {
   constexpr int L = Vec<V>::lanes;
   constexpr int64_t KC = 16;
+  static_assert(MT >= 1 && MT <= 8, "CONVS2S_ROWS_SWITCH dispatches tiles of 1..8 rows");
   for (int64_t k0 = 0; k0 < g.K; k0 += KC) {
     const int64_t k1 = std::min(g.K, k0 + KC);
     const bool first = k0 == 0;
@@ -208,6 +209,7 @@ CONVS2S_INLINE void nk_tile(const Gemm<W>& g, int64_t r, int64_t n) {
 
 template <typename V, int MT, int NT, typename W>
 CONVS2S_INLINE void nk_block(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {
+  static_assert(MT >= 1 && MT <= 8, "CONVS2S_ROWS_SWITCH dispatches tiles of 1..8 rows");
   int64_t n = n0;
   for (; n + NT <= n1; n += NT)
     for (int64_t r = 0; r < rows; r += MT)
@@ -231,7 +233,7 @@ CONVS2S_INLINE void nk_block(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t
   }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-CONVS2S_DEFINE_VARIANT(avx512, __attribute__((target("avx512f,avx512bw"))), v16, 6, 4, 4, 4)
+CONVS2S_DEFINE_VARIANT(avx512, __attribute__((target("avx512f"))), v16, 6, 4, 4, 4)
 CONVS2S_DEFINE_VARIANT(avx2, __attribute__((target("avx2,fma"))), v8, 6, 2, 4, 2)
 #endif
 CONVS2S_DEFINE_VARIANT(base, , v8, 2, 2, 2, 2)
@@ -244,7 +246,7 @@ Isa detect_isa() {
   Isa best = Isa::base;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+  if (__builtin_cpu_supports("avx512f")) {
     best = Isa::avx512;
   } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     best = Isa::avx2;
@@ -327,6 +329,7 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optio
   const int64_t M = x.size(0), K = x.size(1), N = w_is_nk ? w.size(0) : w.size(1);
   TORCH_CHECK((w_is_nk ? w.size(1) : w.size(0)) == K, "small_gemm: weight does not match x's K");
   TORCH_CHECK(M >= 1 && M <= kSmallGemmMaxRows, "small_gemm takes 1..", kSmallGemmMaxRows, " rows");
+  TORCH_CHECK(K >= 1 && N >= 1, "small_gemm: K and N must be positive");
   const at::Tensor xf = x.to(at::kFloat).contiguous();  // activations are tiny: widen once
   at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   at::Tensor y = new_output({M, N}, x.options().dtype(at::kFloat));
@@ -360,6 +363,7 @@ at::Tensor small_gemm_int8_kernel(const at::Tensor& x, const at::Tensor& qweight
   check_int8_args(x, qweight, scale);
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
   TORCH_CHECK(M >= 1 && M <= kSmallGemmMaxRows, "the int8 few-row kernel takes 1..", kSmallGemmMaxRows, " rows");
+  TORCH_CHECK(K >= 1 && N >= 1, "the int8 few-row kernel: K and N must be positive");
   const at::Tensor xc = x.contiguous(), qc = qweight.contiguous(), sc = scale.contiguous();
   at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   at::Tensor y = new_output({M, N}, x.options());

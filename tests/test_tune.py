@@ -143,3 +143,26 @@ def test_the_environment_report_says_what_is_measured(fresh, monkeypatch):
     monkeypatch.setattr(tune, "measure", _fake_measure([]))
     tune.ensure([tune.Shape("nk", "float32", 8, 8)], measure_missing=True)
     assert kernel_choice_line().startswith("kernel choice: 1 weight shapes measured on this machine")
+
+
+def test_a_new_thread_count_drops_the_choices_in_force(fresh, monkeypatch):
+    calls = []
+    monkeypatch.setattr(tune, "measure", _fake_measure(calls))
+    shape = tune.Shape("nk", "float32", 8, 8)
+    threads = torch.get_num_threads()
+    try:
+        tune.ensure([shape], measure_missing=True)
+        torch.set_num_threads(1 if threads != 1 else 2)
+        tune.ensure([shape], measure_missing=True)  # another machine key: measured for it
+        assert len(calls) == 2
+        torch.set_num_threads(threads)
+        tune.ensure([shape], measure_missing=True)  # back: read from that key's cache
+        assert len(calls) == 2 and native().few_rows_choices()[0][:4] == (0, "float32", 8, 8)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_saving_merges_what_another_process_wrote(fresh):
+    tune_cache.save({"a": {"timings": {}}})
+    tune_cache.save({"b": {"timings": {}}})  # a second writer that never read "a"
+    assert set(tune_cache.load()) == {"a", "b"}

@@ -88,7 +88,9 @@ def fastest_config(device: torch.device, available: Dict[str, Optional[str]]) ->
     """The fastest configuration this machine supports, by rule (measured in bench/results/):
     the native backend with the folded decoder; bf16 only where the CPU computes it natively
     (AVX512-BF16 / AMX; elsewhere bf16 is widened to float32 and loses to fp32); int8 is not
-    taken: it wins at up to 8 rows a step, and the full set's batches are mostly far larger."""
+    taken: its kernels stream a quarter of the bytes but widen every weight to float32 FMAs, so it
+    wins only at a few rows a step, and the full set's batches are mostly far larger (more than 64
+    rows dequantise the weight per call)."""
     from convs2s_kernels.env import native_bf16
 
     if device.type == "cuda":
