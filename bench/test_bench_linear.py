@@ -1,16 +1,19 @@
 """The decoding step's projections (``linear``, and ``linear_int8`` with int8 weights): a few rows
 (sentences x beam) against a large weight, per backend. Shapes of the WMT'14 En-Fr decoder: a
 512->1024 residual projection, the 768->512 attention projection, the 4096->512 output
-projection (fc2) and the 512->40000 vocabulary projection (fc3), at 1, 5 and 8 rows."""
+projection (fc2) and the 512->40000 vocabulary projection (fc3), at 1, 5, 8, 12 and 16 rows. The cpp
+rows run the kernel choice measured for each shape (``convs2s_kernels.tune``, outside the timing)."""
 
 import pytest
 import torch
 
 import convs2s_kernels as ck
+from convs2s_kernels.tune import Shape, ensure
 
 from convs2s_bench.harness import DTYPES, record, rotating, run_timed, shapes
 
-SHAPES = shapes(paper=[(m, k, n) for m in (1, 5, 8) for k, n in ((512, 1024), (768, 512), (4096, 512), (512, 40000))],
+TUNED_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+SHAPES = shapes(paper=[(m, k, n) for m in (1, 5, 8, 12, 16) for k, n in ((512, 1024), (768, 512), (4096, 512), (512, 40000))],
                 smoke=[(1, 16, 24), (5, 16, 24)])
 
 
@@ -24,6 +27,8 @@ def test_linear(benchmark, runnable, peaks, device, backend, shape, dtype_name):
     w = (torch.randn(n, k, device=device) / k ** 0.5).to(dtype)
     b = torch.randn(n, device=device, dtype=dtype)
     runnable(backend, "linear", x, w, b)
+    if backend == "cpp" and dtype in TUNED_DTYPES:  # as a decoder does before its first step
+        ensure([Shape("nk", TUNED_DTYPES[dtype], k, n)])
     benchmark.group = f"linear M{m} K{k} N{n} {dtype_name}"
     weight = rotating(w, device)  # streamed from memory every round, as in a decoding step
 
