@@ -14,7 +14,6 @@
 #include "common.h"
 #include "kernels.h"
 #include "glu.h"
-#include "kernel_choice.h"
 #include "small_gemm.h"
 
 namespace convs2s {
@@ -77,14 +76,7 @@ std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t_in, const at::Te
 
   const at::Tensor flat = window.view({rows, k * c_in});
   const at::Tensor w2 = weight.view({k * c_in, c2});
-  at::Tensor pre;
-  const bool few_row_dtype = x_t.scalar_type() == at::kFloat || x_t.scalar_type() == at::kBFloat16;
-  if (few_row_dtype && use_few_rows(Form::kn, weight.scalar_type(), k * c_in, c2, rows)) {
-    // few rows (as measured for this shape): stream the weight once instead of packing it for a GEMM
-    pre = small_gemm(flat, w2, bias, /*w_is_nk=*/false);
-  } else {
-    pre = bias.has_value() ? at::addmm(*bias, flat, w2) : at::mm(flat, w2);
-  }
+  const at::Tensor pre = measured_product(flat, w2, bias, /*w_is_nk=*/false);
 
   at::Tensor out = new_output({rows, c2 / 2}, x_t.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x_t.scalar_type(), "conv_step_glu", [&] {

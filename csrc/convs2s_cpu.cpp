@@ -19,9 +19,7 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const c10
               "small_linear takes float32 or bf16 (x and weight alike)");
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "x (M, K), weight (N, K)");
   TORCH_CHECK(x.size(0) >= 1, "small_linear takes at least one row");
-  if (!use_few_rows(Form::nk, weight.scalar_type(), weight.size(1), weight.size(0), x.size(0)))
-    return at::linear(x, weight, bias);
-  return small_gemm(x, weight.contiguous(), bias, /*w_is_nk=*/true);
+  return measured_product(x, weight, bias, /*w_is_nk=*/true);
 }
 
 at::ScalarType weight_dtype(const std::string& name) {

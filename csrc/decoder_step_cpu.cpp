@@ -12,7 +12,6 @@
 
 #include "common.h"
 #include "kernels.h"
-#include "kernel_choice.h"
 #include "small_gemm.h"
 
 namespace convs2s {
@@ -21,17 +20,11 @@ namespace {
 
 constexpr double kSqrtHalf = 0.70710678118654752440;
 
-bool few_rows(const at::Tensor& x, const at::Tensor& w) {
-  return (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) && x.scalar_type() == w.scalar_type() &&
-         use_few_rows(Form::nk, w.scalar_type(), w.size(1), w.size(0), x.size(0));
-}
-
 // x @ w.T + b for an nn.Linear-layout weight (N, K), or int8 rows with their scale.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& scale,
                   const c10::optional<at::Tensor>& bias) {
   if (scale.has_value()) return small_gemm_int8(x, w, *scale, bias);
-  if (few_rows(x, w)) return small_gemm(x, w, bias, /*w_is_nk=*/true);
-  return at::linear(x, w, bias);
+  return measured_product(x, w, bias, /*w_is_nk=*/true);
 }
 
 // One conv step + GLU: the fused op for float weights (k, C_in, 2C); for int8 rows (2C, k*C_in)

@@ -27,23 +27,15 @@ namespace {
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
 
-// Per vector type: its lanes and the integer vectors that widen bf16 / int8 weights into it.
-template <typename V> struct Vec;
-template <> struct Vec<v16> {
-  static constexpr int lanes = 16;
-  typedef uint16_t u16 __attribute__((vector_size(32)));
-  typedef uint32_t u32 __attribute__((vector_size(64)));
-  typedef int8_t i8 __attribute__((vector_size(16)));
-  typedef int16_t i16 __attribute__((vector_size(32)));
-  typedef int32_t i32 __attribute__((vector_size(64)));
-};
-template <> struct Vec<v8> {
-  static constexpr int lanes = 8;
-  typedef uint16_t u16 __attribute__((vector_size(16)));
-  typedef uint32_t u32 __attribute__((vector_size(32)));
-  typedef int8_t i8 __attribute__((vector_size(8)));
-  typedef int16_t i16 __attribute__((vector_size(16)));
-  typedef int32_t i32 __attribute__((vector_size(32)));
+// Per vector type: its lanes and the integer vectors of as many lanes that widen bf16 / int8
+// weights into it.
+template <typename V> struct Vec {
+  static constexpr int lanes = sizeof(V) / sizeof(float);
+  typedef uint16_t u16 __attribute__((vector_size(2 * lanes)));
+  typedef uint32_t u32 __attribute__((vector_size(4 * lanes)));
+  typedef int8_t i8 __attribute__((vector_size(lanes)));
+  typedef int16_t i16 __attribute__((vector_size(2 * lanes)));
+  typedef int32_t i32 __attribute__((vector_size(4 * lanes)));
 };
 
 #define CONVS2S_INLINE inline __attribute__((always_inline))
@@ -343,6 +335,17 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optio
   if (w_is_nk) small_gemm_nk(M, xf.data_ptr<float>(), K, wp, N, K, bp, y.data_ptr<float>(), N);
   else small_gemm_kn(M, xf.data_ptr<float>(), K, wp, K, N, bp, y.data_ptr<float>(), N);
   return y.to(x.scalar_type());
+}
+
+at::Tensor measured_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                            bool w_is_nk) {
+  const auto dtype = x.scalar_type();
+  const bool kernel_dtype = (dtype == at::kFloat || dtype == at::kBFloat16) && dtype == w.scalar_type();
+  const int64_t K = x.size(1), N = w_is_nk ? w.size(0) : w.size(1);
+  if (kernel_dtype && use_few_rows(w_is_nk ? Form::nk : Form::kn, w.scalar_type(), K, N, x.size(0)))
+    return small_gemm(x, w.contiguous(), bias, w_is_nk);  // stream the weight once, not pack it for a GEMM
+  if (w_is_nk) return at::linear(x, w, bias);
+  return bias.has_value() ? at::addmm(*bias, x, w) : at::mm(x, w);
 }
 
 namespace {

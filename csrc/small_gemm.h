@@ -22,6 +22,11 @@ void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const W* w, int64_
 // with a contiguous last dim, w contiguous ((N, K) if w_is_nk else (K, N)); returns (M, N) in
 // x's dtype (bf16 results rounded once from the float32 accumulators, as a bf16 GEMM would).
 at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool w_is_nk);
+// The same product (w (N, K) if w_is_nk else (K, N)), on small_gemm at the row counts the kernel
+// choice gives the few-row kernels for this weight shape and dtype (kernel_choice.h), on ATen's
+// GEMM at the others and for any other dtype.
+at::Tensor measured_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                            bool w_is_nk);
 // x (M, K) float32 @ (qweight (N, K) int8 * scale (N,) per row)^T + bias: weight-only int8 for
 // decoding (a quarter of float32's bytes streamed, float32 activations and accumulation); rows
 // past the measured limit (kernel_choice.h) dequantise the weight once and run a GEMM.
