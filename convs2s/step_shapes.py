@@ -31,8 +31,13 @@ def _shape(module: nn.Module) -> List[Shape]:
     return [] if dtype is None else [Shape(form, dtype, K, N)]  # float64: the kernels do not take it
 
 
+def step_weight_modules(decoder: nn.Module) -> List[nn.Module]:
+    """What a step with folded attention multiplies: fc1, every residual projection and
+    convolution, fc2 and fc3, in that order (the attention projections are folded per sentence)."""
+    return [decoder.fc1, *[p for p in decoder.projections if p is not None], *decoder.convolutions,
+            decoder.fc2, decoder.fc3]
+
+
 def step_weight_shapes(decoder: nn.Module) -> List[Shape]:
-    """fc1, every residual projection and convolution, fc2 and fc3, in that order (no repeats)."""
-    modules = [decoder.fc1, *[p for p in decoder.projections if p is not None], *decoder.convolutions,
-               decoder.fc2, decoder.fc3]
-    return list(dict.fromkeys(s for m in modules for s in _shape(m)))
+    """The shapes of :func:`step_weight_modules` that run the kernels, in order (no repeats)."""
+    return list(dict.fromkeys(s for m in step_weight_modules(decoder) for s in _shape(m)))

@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from convs2s.model import build_model
+from convs2s.step_shapes import step_weight_modules
 from convs2s_kernels.env import machine_description
 
 from .roofline import copy_peak_gbps, gemm_peak_gflops
@@ -32,10 +33,8 @@ def sentences_and_beam(rows: int) -> Tuple[int, int]:
 
 
 def _step_weights(decoder) -> List[torch.Tensor]:
-    """fc1, the residual projections, the convolutions, fc2 and fc3: what a folded step reads."""
-    modules = [decoder.fc1, *[p for p in decoder.projections if p is not None], *decoder.convolutions,
-               decoder.fc2, decoder.fc3]
-    return [m.effective_weight() if hasattr(m, "effective_weight") else m.weight for m in modules]
+    return [m.effective_weight() if hasattr(m, "effective_weight") else m.weight
+            for m in step_weight_modules(decoder)]
 
 
 def step_bounds(model, rows: int, src_len: int) -> Tuple[int, float]:
