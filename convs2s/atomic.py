@@ -1,38 +1,20 @@
 """Every file convs2s writes goes through here.
 
-Whole files (checkpoints, datasets, dictionaries, reports, downloads) are written atomically:
-into a temporary file beside the target, flushed to disk, then renamed over the target, so an
-interrupted write never leaves a half-written file behind (the old file, if any, stays as it
-was). Logs grow by whole lines (:func:`append_line`).
+Whole files (checkpoints, datasets, dictionaries, reports, downloads) are written atomically
+(:func:`atomic_open`, from :mod:`convs2s_kernels.atomic_files`, which the kernel library's own
+files use too): into a temporary file beside the target, flushed to disk, then renamed over the
+target, so an interrupted write never leaves a half-written file behind (the old file, if any,
+stays as it was). Logs grow by whole lines (:func:`append_line`).
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Union
+from typing import Any
 
 import torch
 
-PathLike = Union[str, os.PathLike]
-
-
-@contextmanager
-def atomic_open(path: PathLike) -> Iterator[BinaryIO]:
-    """A binary file to write ``path`` through: it replaces ``path`` when the block ends without an
-    error; on an error or interruption it is removed and ``path`` is left untouched."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+from convs2s_kernels.atomic_files import PathLike, atomic_open  # noqa: F401  (part of this module's API)
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:

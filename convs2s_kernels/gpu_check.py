@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .atomic_files import atomic_write_text
 from .triton_common.fits import (KERNEL_MODULES, MAX_COMPILE_S, REPORT_PATH, SHARED_LIMITS, prune_configs,
                                  row_violations, source_hashes)
 
@@ -566,7 +567,7 @@ def write_report(path: Path, rows: List[Dict[str, Any]], modules: Sequence[str],
         sources={**old.get("sources", {}), **{m: hashes[m] for m in modules}},
         rows=sorted(kept_rows + rows, key=lambda r: (r["kernel"], r["site"], r["dtype"], r["target"], r["config"])),
     )
-    path.write_text(dump_report(report))
+    atomic_write_text(path, dump_report(report))
 
 
 def dump_report(report: Dict[str, Any]) -> str:

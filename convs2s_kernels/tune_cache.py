@@ -14,7 +14,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Dict, Optional, Tuple
@@ -22,6 +21,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from . import env
+from .atomic_files import atomic_write_text
 from .extension import small_gemm_isa
 
 SCHEMA = 1
@@ -94,13 +94,5 @@ def save(entries: Dict[str, dict], key: Optional[Dict[str, object]] = None) -> P
     entries = {**load(key, quiet=True), **entries}
     path = cache_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(dict(key=key, entries=entries), f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, json.dumps(dict(key=key, entries=entries), indent=1, sort_keys=True))
     return path
