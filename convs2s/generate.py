@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 import convs2s_kernels as ck
+from convs2s_kernels.reference import search_rules_ref
 
 from .errors import Convs2sError
 from .model import ConvS2SModel
@@ -171,49 +172,12 @@ class _SearchOptions:
         return min(int(self.max_len_a * src_len + self.max_len_b), model.decoder.max_positions - 1)
 
 
-def _only_eos(lprobs: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None:
-    """Leave EOS as the only finite choice of the rows where the bool mask ``rows`` is True (all
-    rows when None), in place, without indexing by the mask (which would read it back to the host)."""
-    eos_col = lprobs[:, EOS].clone()
-    if rows is None:
-        lprobs.fill_(float("-inf"))
-        lprobs[:, EOS] = eos_col
-    else:
-        lprobs.masked_fill_(rows.unsqueeze(1), float("-inf"))
-        lprobs[:, EOS] = torch.where(rows, eos_col, lprobs[:, EOS])
-
-
-def _apply_rules(lprobs: torch.Tensor, step: int, max_len: int, min_len: int, unkpen: float) -> None:
-    """The rules of every step, in place: never PAD, UNK penalised by ``unkpen``, only EOS at
-    ``max_len``, no EOS before ``min_len``."""
-    lprobs[:, PAD] = float("-inf")
-    lprobs[:, UNK] -= unkpen
-    if step >= max_len:
-        _only_eos(lprobs)
-    elif step < min_len:
-        lprobs[:, EOS] = float("-inf")
-
-
-@dataclass
-class _Candidates:
-    """A step's ``2 * beam`` best continuations per sentence (fairseq's BeamSearch.step), each
-    ``(B, 2 * beam)``: score, token, parent beam, and whether it is a live EOS."""
-
-    scores: torch.Tensor
-    indices: torch.Tensor
-    beams: torch.Tensor
-    eos_mask: torch.Tensor
-
-    def select(self, sentences: torch.Tensor) -> "_Candidates":
-        return _Candidates(self.scores[sentences], self.indices[sentences], self.beams[sentences],
-                           self.eos_mask[sentences])
-
-
 def _beam_search(model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions, forced_len=None,
                  step_hook=None) -> List[List[dict]]:
     """One batch's sorted hypotheses per sentence (fairseq's ``SequenceGenerator._generate``).
 
-    A step reads nothing back from the device: finished hypotheses go to preallocated tensors,
+    A step is two ops (:func:`convs2s_kernels.beam_candidates`, :func:`convs2s_kernels.beam_update`)
+    after the decoder's and reads nothing back: finished hypotheses go to preallocated tensors,
     and the host learns which sentences are done through a :class:`_Mailbox` (on GPUs, without
     waiting); index ranges are the search's own, so the ops' per-call checks are skipped.
     """
@@ -222,18 +186,14 @@ def _beam_search(model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions
         step_hook(-1)
     with ck.trusted_indices():
         for step in range(search.max_len + 1):
-            cands = search.candidates(step, search.lprobs(step))
-            search.finalize_eos(step, cands)
+            search.update(step, search.candidates(step, search.logits(step)))
             done_rows = search.done_rows()
             if search.all_done() or step >= search.max_len:
                 if step_hook is not None:
                     step_hook(step)
                 break
-            batch_idxs = None
             if done_rows:
-                batch_idxs = search.drop_sentences(done_rows)
-                cands = cands.select(batch_idxs)
-            search.advance(step, cands, batch_idxs)
+                search.drop_sentences(done_rows)
             if step_hook is not None:
                 step_hook(step)
     return search.results()
@@ -273,7 +233,8 @@ class _Mailbox:
 class _BeamSearch:
     """The buffers of one batch's beam search: ``bsz * k`` rows (a sentence's beams adjacent) of
     tokens (EOS first), cumulative scores and attention; finished hypotheses in preallocated
-    tensors (:class:`_Finished`); sentences leave the batch once the host knows they are done."""
+    tensors (:class:`convs2s_kernels.FinishedHypotheses`); sentences leave the batch once the host
+    knows they are done."""
 
     def __init__(self, model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions, forced_len=None):
         self.model, self.options, self.forced_len = model, options, forced_len
@@ -291,62 +252,41 @@ class _BeamSearch:
         self.tokens[:, 0] = EOS
         self.scores = torch.zeros(bsz * k, max_len + 1, device=device)
         self.attn = torch.zeros(bsz * k, src_len, max_len + 2, device=device) if options.need_attn else None
-        self.finished = _Finished(bsz, k, max_len, src_len if options.need_attn else 0, device)
+        self.finished = ck.FinishedHypotheses.empty(bsz, k, max_len, src_len if options.need_attn else 0, device,
+                                                     pad=PAD)
         self.src_lengths = encoder_out.src_lengths.tolist()  # per sentence, once: trims the attention
-        self.cand_size = 2 * k
-        self.bbsz_offsets = (torch.arange(bsz, device=device) * k).unsqueeze(1)
-        self.cand_offsets = torch.arange(self.cand_size, device=device)
         self.cands_to_ignore = torch.zeros(bsz, k, dtype=torch.bool, device=device)
         self.sent_ids = torch.arange(bsz, device=device)  # original sentence of each active batch row
         self.host_sent_ids = list(range(bsz))  # the same, as the host knows it (no read needed)
         self.host_done = [False] * bsz  # sentences the host knows are finished
         self.mailbox = _Mailbox(self.finished.done)
 
-    def lprobs(self, step: int) -> torch.Tensor:
-        """Decode one step; the log-probabilities of every row's next token under the step's rules."""
+    def logits(self, step: int) -> torch.Tensor:
+        """Decode one step: every row's scores of its next token (attention kept when asked)."""
         logits, step_attn = self.model.decode_step(self.tokens[:, step], self.state, need_attn=self.options.need_attn)
-        lprobs = torch.log_softmax(logits.float(), dim=-1)
-        # in place: a (rows, V) temporary per step costs page faults on glibc's malloc (40K words
-        # x 640 rows is 100 MB), and on a GPU it is memory a captured step must not allocate
-        torch.nan_to_num_(lprobs, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
-        _apply_rules(lprobs, step, self.max_len, self.options.min_len, self.options.unkpen)
-        if self.forced_len is not None and step < self.max_len:
-            rows_len = self.forced_len[self.sent_ids].repeat_interleave(self.k)
-            lprobs[:, EOS].masked_fill_(step < rows_len, float("-inf"))
-            _only_eos(lprobs, step == rows_len)  # end exactly there
         if self.attn is not None and step_attn is not None:
             self.attn[:, :, step + 1].copy_(step_attn)
-        return lprobs
+        return logits
 
-    def candidates(self, step: int, lprobs: torch.Tensor) -> _Candidates:
-        """BeamSearch.step: the top ``2k`` over ``k * V``; at step 0 only the first beam is live."""
-        bsz, k, V = self.bsz, self.k, self.V
-        lp = lprobs.view(bsz, k, V)
-        if step == 0:
-            lp = lp[:, :1, :]
-        else:  # in place: lprobs is this step's own buffer, not used afterwards
-            lp.add_(self.scores.view(bsz, k, -1)[:, :, step - 1].unsqueeze(-1))
-        flat = lp.reshape(bsz, -1)
-        cand_scores, cand_flat = torch.topk(flat, k=min(self.cand_size, flat.shape[1] - 1))
-        cand_indices = cand_flat.fmod(V)
-        eos_mask = cand_indices.eq(EOS) & cand_scores.ne(float("-inf"))
-        eos_mask[:, :k] &= ~self.cands_to_ignore
-        return _Candidates(cand_scores, cand_indices, torch.div(cand_flat, V, rounding_mode="floor"), eos_mask)
+    def candidates(self, step: int, logits: torch.Tensor) -> ck.BeamCandidates:
+        """BeamSearch.step with the search's rules (:func:`convs2s_kernels.beam_candidates`): the
+        top ``2k`` over ``k * V`` per sentence; at step 0 only the first beam is live."""
+        forced = None
+        if self.forced_len is not None:
+            forced = self.forced_len[self.sent_ids].repeat_interleave(self.k)
+        return ck.beam_candidates(logits, self.scores[:, step - 1] if step > 0 else None, beam=self.k, step=step,
+                               max_len=self.max_len, min_len=self.options.min_len, unkpen=self.options.unkpen,
+                               forced_len=forced, ignore=self.cands_to_ignore, pad=PAD, eos=EOS, unk=UNK,
+                               backend=self.model.backend)
 
-    def finalize_eos(self, step: int, cands: _Candidates) -> None:
-        """Record the EOS candidates among the top ``k`` (on the device) and post which sentences
-        are done."""
-        k = self.k
-        parents = (cands.beams + self.bbsz_offsets)[:, :k].reshape(-1)
-        eos_scores = cands.scores[:, :k]
-        tokens = self.tokens.index_select(0, parents)[:, 1 : step + 2].clone()
-        tokens[:, step] = EOS
-        pos_scores = self.scores.index_select(0, parents)[:, : step + 1].clone()
-        pos_scores[:, step] = eos_scores.reshape(-1)
-        pos_scores[:, 1:] = pos_scores[:, 1:] - pos_scores[:, :-1]
-        attn = self.attn.index_select(0, parents)[:, :, 1 : step + 2] if self.attn is not None else None
-        self.finished.record(step, self.sent_ids, cands.eos_mask[:, :k], tokens, pos_scores,
-                             eos_scores / (step + 1) ** self.options.lenpen, attn, step == self.max_len)
+    def update(self, step: int, cands: ck.BeamCandidates) -> None:
+        """Record the finished hypotheses and advance every beam (:func:`convs2s_kernels.beam_update`,
+        on the device); the decoder state follows the parents; post which sentences are done."""
+        parents, self.cands_to_ignore = ck.beam_update(
+            cands, step, self.tokens, self.scores, self.cands_to_ignore, self.sent_ids, self.finished,
+            lenpen=self.options.lenpen, at_max_len=step == self.max_len, attn=self.attn, eos=EOS,
+            backend=self.model.backend)
+        self.state.reorder(parents)
         self.mailbox.post(self.finished.done)
 
     def done_rows(self) -> List[int]:
@@ -362,8 +302,8 @@ class _BeamSearch:
     def all_done(self) -> bool:
         return all(self.host_done)
 
-    def drop_sentences(self, done_rows: List[int]) -> torch.Tensor:
-        """Remove the finished sentences' rows from every buffer; the batch rows kept."""
+    def drop_sentences(self, done_rows: List[int]) -> None:
+        """Remove the finished sentences' rows from every buffer and from the decoder state."""
         k = self.k
         done = set(done_rows)
         kept = [row for row in range(self.bsz) if row not in done]
@@ -371,100 +311,36 @@ class _BeamSearch:
         self.bsz = len(kept)
         self.host_sent_ids = [self.host_sent_ids[row] for row in kept]
         self.cands_to_ignore = self.cands_to_ignore[batch_idxs]
-        self.bbsz_offsets = self.bbsz_offsets[: self.bsz]
         rows = (batch_idxs.unsqueeze(1) * k + torch.arange(k, device=self.device)).view(-1)
         self.scores, self.tokens = self.scores[rows], self.tokens[rows]
         if self.attn is not None:
             self.attn = self.attn[rows]
         self.sent_ids = self.sent_ids[batch_idxs]
-        return batch_idxs
-
-    def advance(self, step: int, cands: _Candidates, batch_idxs: Optional[torch.Tensor]) -> None:
-        """The next beam: the first ``k`` candidates that are not EOS (nor ignored), in score order;
-        the buffers and the decoder state follow their parents."""
-        k, cand_size = self.k, self.cand_size
-        eos_mask = cands.eos_mask
-        eos_mask[:, :k] = ~((~self.cands_to_ignore) & (~eos_mask[:, :k]))
-        active_mask = eos_mask.to(self.cand_offsets.dtype) * cand_size + self.cand_offsets[: eos_mask.shape[1]]
-        new_ignore, active_hypos = torch.topk(active_mask, k=k, dim=1, largest=False)
-        self.cands_to_ignore = new_ignore.ge(cand_size)[:, :k]
-        active_bbsz_idx = torch.gather(cands.beams + self.bbsz_offsets, 1, active_hypos).view(-1)
-        active_scores = torch.gather(cands.scores, 1, active_hypos)
-
-        self.tokens[:, : step + 1] = self.tokens[:, : step + 1].index_select(0, active_bbsz_idx)
-        self.tokens.view(self.bsz, k, -1)[:, :, step + 1] = torch.gather(cands.indices, 1, active_hypos)
-        if step > 0:
-            self.scores[:, :step] = self.scores[:, :step].index_select(0, active_bbsz_idx)
-        self.scores.view(self.bsz, k, -1)[:, :, step] = active_scores
-        if self.attn is not None:
-            self.attn[:, :, : step + 2] = self.attn[:, :, : step + 2].index_select(0, active_bbsz_idx)
-
-        # The decoder state still has the rows of before any sentence was dropped: map the
-        # parents back to that numbering, and keep only the live sentences' encoder outputs.
-        parents = active_bbsz_idx
-        if batch_idxs is not None:
-            sentence_of_row = torch.div(active_bbsz_idx, k, rounding_mode="floor")
-            parents = active_bbsz_idx + (batch_idxs[sentence_of_row] - sentence_of_row) * k
-        self.state.reorder(parents, sentence_index=batch_idxs)
+        self.state.reorder(rows, sentence_index=batch_idxs)
 
     def results(self) -> List[List[dict]]:
         """Each sentence's finished hypotheses, best first (turned into Python objects once)."""
-        return self.finished.hypotheses(self.src_lengths)
+        return _hypotheses(self.finished, self.k, self.src_lengths)
 
 
-class _Finished:
-    """Finished hypotheses in preallocated tensors: ``k`` slots per sentence, plus one scratch
-    slot per candidate where the candidates that do not end are written, so that recording is the
-    same few tensor ops at every step (no data-dependent indexing, nothing read by the host)."""
-
-    def __init__(self, bsz: int, k: int, max_len: int, src_len: int, device):
-        self.k, self.slots = k, bsz * k
-        total = 2 * self.slots
-        self.tokens = torch.full((total, max_len + 1), PAD, dtype=torch.long, device=device)
-        self.pos_scores = torch.zeros(total, max_len + 1, device=device)
-        self.scores = torch.zeros(total, device=device)
-        self.lengths = torch.zeros(total, dtype=torch.long, device=device)
-        self.attn = torch.zeros(total, src_len, max_len + 1, device=device) if src_len else None
-        self.count = torch.zeros(bsz, dtype=torch.long, device=device)
-        self.done = torch.zeros(bsz, dtype=torch.bool, device=device)
-        self.scratch = torch.arange(self.slots, total, device=device)
-
-    def record(self, step: int, sent_ids, top_eos, tokens, pos_scores, norm_scores, attn, at_max_len: bool) -> None:
-        """Keep each EOS candidate (in score order) while its sentence has fewer than ``k``
-        hypotheses; a sentence is done with ``k`` of them, or at ``max_len`` (fairseq's rules)."""
-        B, k = top_eos.shape
-        active = ~self.done[sent_ids]
-        slot = self.count[sent_ids].unsqueeze(1) + top_eos.long().cumsum(1) - 1
-        keep = top_eos & (slot < k) & active.unsqueeze(1)
-        dest = torch.where(keep, sent_ids.unsqueeze(1) * k + slot, self.scratch[: B * k].view(B, k)).view(-1)
-        self.tokens[:, : step + 1].index_copy_(0, dest, tokens)
-        self.pos_scores[:, : step + 1].index_copy_(0, dest, pos_scores)
-        self.scores.index_copy_(0, dest, norm_scores.reshape(-1))
-        self.lengths.index_fill_(0, dest, step + 1)
-        if self.attn is not None:
-            self.attn[:, :, : step + 1].index_copy_(0, dest, attn)
-        count = self.count[sent_ids] + keep.sum(1)
-        self.count.index_copy_(0, sent_ids, count)
-        newly = active & ((count >= k) | at_max_len)
-        self.done.index_copy_(0, sent_ids, self.done[sent_ids] | newly)
-
-    def hypotheses(self, src_lengths: List[int]) -> List[List[dict]]:
-        counts, scores = self.count.tolist(), self.scores[: self.slots].tolist()
-        lengths = self.lengths[: self.slots].tolist()
-        out = []
-        for sent, n in enumerate(counts):
-            hyps = []
-            for slot in range(sent * self.k, sent * self.k + n):
-                L = lengths[slot]
-                hypo = {"tokens": self.tokens[slot, :L].clone(), "score": scores[slot],
-                        "positional_scores": self.pos_scores[slot, :L].clone()}
-                if self.attn is not None:
-                    attn = self.attn[slot, -src_lengths[sent]:, :L].clone()  # unpadded source, EOS included
-                    hypo["attention"], hypo["alignment"] = attn, attn.argmax(dim=0)
-                hyps.append(hypo)
-            hyps.sort(key=lambda h: h["score"], reverse=True)
-            out.append(hyps)
-        return out
+def _hypotheses(f: ck.FinishedHypotheses, k: int, src_lengths: List[int]) -> List[List[dict]]:
+    """Each sentence's finished hypotheses, best first, as Python objects (once per batch)."""
+    slots = f.count.shape[0] * k
+    counts, scores, lengths = f.count.tolist(), f.scores[:slots].tolist(), f.lengths[:slots].tolist()
+    out = []
+    for sent, n in enumerate(counts):
+        hyps = []
+        for slot in range(sent * k, sent * k + n):
+            L = lengths[slot]
+            hypo = {"tokens": f.tokens[slot, :L].clone(), "score": scores[slot],
+                    "positional_scores": f.pos_scores[slot, :L].clone()}
+            if f.attn is not None:
+                attn = f.attn[slot, -src_lengths[sent]:, :L].clone()  # unpadded source, EOS included
+                hypo["attention"], hypo["alignment"] = attn, attn.argmax(dim=0)
+            hyps.append(hypo)
+        hyps.sort(key=lambda h: h["score"], reverse=True)
+        out.append(hyps)
+    return out
 
 
 def _vocab_subset(model: ConvS2SModel, shortlist, src: torch.Tensor, k: int):
@@ -482,7 +358,8 @@ def _vocab_subset(model: ConvS2SModel, shortlist, src: torch.Tensor, k: int):
 def greedy(model: ConvS2SModel, sources: Sequence[Sequence[int]], *, max_len_a: float = 0.0, max_len_b: int = 200,
            min_len: int = 1, lenpen: float = 1.0, unkpen: float = 0.0, batch_size: int = 128) -> List[dict]:
     """Greedy decoding (argmax each step): its own loop, independent of the beam search's
-    candidate and beam bookkeeping; only the per-step rules (:func:`_apply_rules`) are shared.
+    candidate and beam bookkeeping; only the per-step rules (:func:`convs2s_kernels.reference.search_rules_ref`)
+    are shared.
 
     Returns one hypothesis dict per source (same fields as :func:`generate`), in input order.
     """
@@ -510,7 +387,7 @@ def _greedy_batch(model: ConvS2SModel, src: torch.Tensor, options: _SearchOption
     with ck.trusted_indices():
         for step in range(max_len + 1):
             lprobs = torch.log_softmax(model.decode_step(prev, state)[0].float(), dim=-1)
-            _apply_rules(lprobs, step, max_len, options.min_len, options.unkpen)
+            search_rules_ref(lprobs, step, max_len, options.min_len, options.unkpen, pad=PAD, eos=EOS, unk=UNK)
             best, tok = lprobs.max(dim=-1)
             tokens[:, step], scores[:, step] = tok, best
             lengths += ~done

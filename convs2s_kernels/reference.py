@@ -6,8 +6,8 @@ clarity over speed and support autograd. Layout is batch-major ``(B, T, C)`` eve
 convolution weights use fairseq's ConvTBC layout ``(k, C_in, 2C)``.
 """
 
-from .ops import (attention_embsum_ref, conv_glu_ref, conv_padding, conv_step_ref, decoder_step_ref,
-                  linear_int8_ref, linear_ref, quantize_int8, source_key_mask)
+from .ops import (attention_embsum_ref, beam_candidates_ref, beam_update_ref, conv_glu_ref, conv_padding, conv_step_ref, decoder_step_ref,
+                  linear_int8_ref, linear_ref, quantize_int8, search_rules_ref, source_key_mask)
 
 __all__ = [
     "conv_padding",
@@ -19,4 +19,7 @@ __all__ = [
     "linear_ref",
     "linear_int8_ref",
     "decoder_step_ref",
+    "beam_candidates_ref",
+    "search_rules_ref",
+    "beam_update_ref",
 ]

@@ -33,6 +33,14 @@ at::ScalarType weight_dtype(const std::string& name) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "convs2s fused CPU kernels (private; use convs2s_kernels.ops)";
+  m.def("beam_candidates", &convs2s::beam_candidates,
+        "log-softmax, search rules, running scores and each sentence's top 2 * beam; "
+        "returns (scores, tokens, beams, eos_mask)",
+        py::arg("logits"), py::arg("prev_scores"), py::arg("beam"), py::arg("step"), py::arg("max_len"),
+        py::arg("min_len"), py::arg("unkpen"), py::arg("forced_len"), py::arg("ignore"), py::arg("pad"),
+        py::arg("eos"), py::arg("unk"));
+  m.def("beam_update", &convs2s::beam_update,
+        "record finished hypotheses and advance every beam, in place; returns (parents, ignore)");
   m.def("conv_step_forward", &convs2s::conv_step_forward,
         "reorder + shift + append + causal conv step + GLU; returns (out, new_state)",
         py::arg("x_t"), py::arg("state"), py::arg("weight"), py::arg("bias") = py::none(),

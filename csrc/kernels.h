@@ -17,6 +17,18 @@ std::vector<at::Tensor> decoder_layers_step(
     const std::vector<c10::optional<at::Tensor>>& z_in, const std::vector<c10::optional<at::Tensor>>& z_bias,
     const std::vector<c10::optional<at::Tensor>>& y_out, const std::vector<c10::optional<at::Tensor>>& b_out,
     const at::Tensor& pad_mask, const at::Tensor& src_scale, bool need_attn);
+std::vector<at::Tensor> beam_candidates(const at::Tensor& logits, const c10::optional<at::Tensor>& prev_scores,
+                                        int64_t beam, int64_t step, int64_t max_len, int64_t min_len, double unkpen,
+                                        const c10::optional<at::Tensor>& forced_len,
+                                        const c10::optional<at::Tensor>& ignore, int64_t pad, int64_t eos,
+                                        int64_t unk);
+std::vector<at::Tensor> beam_update(const at::Tensor& cand_scores, const at::Tensor& cand_tokens,
+                                    const at::Tensor& cand_beams, const at::Tensor& cand_eos, int64_t step,
+                                    at::Tensor tokens, at::Tensor scores, const c10::optional<at::Tensor>& attn,
+                                    const at::Tensor& ignore, const at::Tensor& sent_ids, at::Tensor f_tokens,
+                                    at::Tensor f_pos_scores, at::Tensor f_scores, at::Tensor f_lengths,
+                                    const c10::optional<at::Tensor>& f_attn, at::Tensor f_count, at::Tensor f_done,
+                                    double lenpen, bool at_max_len, int64_t eos);
 std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
                                           const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                           const c10::optional<at::Tensor>& beam_index);

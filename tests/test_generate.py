@@ -159,3 +159,50 @@ def test_folded_attention_gives_the_same_hypotheses_and_attention(model, beam):
             assert hp["tokens"].tolist() == hf["tokens"].tolist()
             assert abs(hp["score"] - hf["score"]) < 1e-4
             torch.testing.assert_close(hf["attention"], hp["attention"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 3, 5])
+def test_native_search_step_gives_the_reference_search(model, beam, monkeypatch):
+    """The cpp search step (convs2s_kernels.beam_candidates and beam_update) and the reference
+    step (fairseq's, tensor op by tensor op) choose the same n-best lists with the same scores and
+    attention, bit for bit, with the decoder unchanged: every rule (min length, UNK penalty, forced
+    lengths ending at different steps, max length) in play, sentences leaving the batch early."""
+    import convs2s_kernels as ck
+    from harness import require_or_skip
+
+    require_or_skip("cpp")
+    g = torch.Generator().manual_seed(11)
+    src = [torch.randint(4, V_SRC, (6,), generator=g).tolist() for _ in range(6)] + sources()
+    forced = [3, 8, 5, 11, 4, 6] + [2] * len(sources())
+    kw = dict(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=5, min_len=2, unkpen=0.3, lenpen=0.7)
+    ops = ("beam_candidates", "beam_update")
+    real = {op: getattr(ck, op) for op in ops}
+    runs = {}
+    for backend in ("reference", "cpp"):
+        for op in ops:
+            monkeypatch.setattr(ck, op, lambda *a, backend=None, _f=real[op], _b=backend, **k: _f(*a, backend=_b, **k))
+        with ck.count_dispatches() as counts:
+            runs[backend] = (convs2s.generate(model, src, **kw) + convs2s.generate(model, src, forced_length=forced, **kw)
+                             + convs2s.generate(model, src[:4], return_attention=True, **kw))
+        for op in ops:
+            assert counts[(op, backend)] > 0 and len([key for key in counts if key[0] == op]) == 1
+    for ref, native in zip(runs["reference"], runs["cpp"]):
+        assert len(ref) == len(native) == beam
+        for a, b in zip(ref, native):
+            assert a["tokens"].tolist() == b["tokens"].tolist()
+            assert a["score"] == b["score"] and torch.equal(a["positional_scores"], b["positional_scores"])
+            assert ("attention" in a) == ("attention" in b)
+            if "attention" in a:
+                assert torch.equal(a["attention"], b["attention"])
+
+
+def test_search_step_runs_native_by_default(model):
+    """On a CPU with the extension, generate's search step runs the cpp ops (auto's choice)."""
+    import convs2s_kernels as ck
+    from harness import require_or_skip
+
+    require_or_skip("cpp")
+    with ck.count_dispatches() as counts:
+        convs2s.generate(model, sources(3), beam=2, max_len_b=4)
+    for op in ("beam_candidates", "beam_update"):
+        assert counts[(op, "cpp")] > 0 and counts[(op, "reference")] == 0

@@ -43,3 +43,21 @@ def test_bad_rows_name_the_problem(capsys):
     with pytest.raises(SystemExit) as exit_:
         step_profile.main(["--rows", "0,x"])
     assert exit_.value.code == 2 and "--rows must be positive integers" in capsys.readouterr().err
+
+
+def test_search_overhead_splits_each_step_into_ops_and_python(tmp_path):
+    """Every decoding step is counted once (forced lengths: L + 1 steps per batch, EOS included),
+    and the Python share is what the profiled step spends outside ops."""
+    from convs2s_bench import search_overhead
+
+    ids = tmp_path / "src.ids"
+    ids.write_text("5 6 7\n8 9 10\n11 12\n13 14 15 16\n")
+    model = build_model("fconv_iwslt_de_en", 40, 40, encoder_layers="[(32, 3)]", decoder_layers="[(32, 3)] * 2",
+                        encoder_embed_dim=16, decoder_embed_dim=16, decoder_out_embed_dim=16).fold_weight_norm().eval()
+    rec = search_overhead.measure(model, search_overhead.read_ids(str(ids)), beam=2, repeats=1)
+    # batches of lengths 2, 3 (two sentences), 4: forced to round(1.1 L) words, then EOS
+    assert rec["batches"] == 3 and rec["steps"] == (2 + 1) + (3 + 1) + (4 + 1)
+    assert 0 < rec["inside_ops_step_ms"] < rec["profiled_step_ms"]
+    assert rec["python_step_ms"] == pytest.approx(rec["profiled_step_ms"] - rec["inside_ops_step_ms"])
+    text = search_overhead.format_result("tiny", [rec])
+    assert text.count("\n| 2 | 3 | 12 |") == 1

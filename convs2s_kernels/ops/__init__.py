@@ -4,6 +4,8 @@ Importing this package registers every op's ``reference`` and ``cpp`` implementa
 Triton ones are registered by :mod:`convs2s_kernels.triton_backend` when Triton can be imported.
 """
 
+from .beam_candidates import BeamCandidates, beam_candidates, beam_candidates_ref, search_rules_ref
+from .beam_update import FinishedHypotheses, beam_update, beam_update_ref
 from .attention_embsum import attention_embsum, attention_embsum_ref, source_key_mask
 from .conv_glu import conv_glu, conv_glu_ref, conv_padding
 from .conv_step import conv_step, conv_step_ref
@@ -15,7 +17,10 @@ from .linear_int8 import linear_int8, linear_int8_ref, quantize_int8
 TRITON_OPS = ("conv_glu", "attention_embsum", "conv_step")
 
 __all__ = [
-    "conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8", "decoder_step",
+    "conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8", "decoder_step", "beam_candidates",
+    "beam_update",
     "conv_glu_ref", "attention_embsum_ref", "conv_step_ref", "linear_ref", "linear_int8_ref", "decoder_step_ref",
-    "conv_padding", "source_key_mask", "quantize_int8", "StepLayer", "StepAttention", "TRITON_OPS",
+    "beam_candidates_ref", "search_rules_ref", "beam_update_ref",
+    "BeamCandidates", "FinishedHypotheses", "conv_padding", "source_key_mask", "quantize_int8", "StepLayer",
+    "StepAttention", "TRITON_OPS",
 ]

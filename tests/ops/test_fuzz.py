@@ -20,6 +20,7 @@ import convs2s_kernels as ck
 from convs2s_kernels.testing import assert_close
 from convs2s_kernels.ops import TRITON_OPS
 from harness import require_or_skip
+from test_beam_candidates import assert_same_candidates
 from test_decoder_step import TOLERANCE, make_step
 
 SEED = int(os.environ.get("CONVS2S_FUZZ_SEED", "20261123"))
@@ -93,10 +94,23 @@ def decoder_step_case(rng, dtype):
     return (x, states, layers, emb, pad, lengths, parents), dict(need_attn=rng.random() < 0.5)
 
 
+def beam_candidates_case(rng, dtype):
+    B, beam, V = rng.randint(1, 4), rng.randint(1, 6), rng.randint(8, 3000)
+    N, step = B * beam, rng.randint(0, 12)
+    logits = scramble(torch.randn(N, V, dtype=dtype) * 3, rng)
+    kwargs = dict(beam=beam, step=step, max_len=rng.randint(step, step + 3), min_len=rng.randint(0, 10),
+                  unkpen=rng.choice([0.0, 0.5]), ignore=torch.rand(B, beam) < 0.3)
+    if rng.random() < 0.5:
+        kwargs["forced_len"] = torch.randint(step - 1 if step else 0, step + 2, (N,))
+    return (logits, -20 * torch.rand(N)), kwargs
+
+
 CASES = {"conv_glu": conv_glu_case, "attention_embsum": attention_case, "conv_step": conv_step_case,
-         "linear": linear_case, "linear_int8": linear_int8_case, "decoder_step": decoder_step_case}
+         "linear": linear_case, "linear_int8": linear_int8_case, "decoder_step": decoder_step_case,
+         "beam_candidates": beam_candidates_case}
 REFERENCES = {"conv_glu": ck.conv_glu_ref, "attention_embsum": ck.attention_embsum_ref, "conv_step": ck.conv_step_ref,
-              "linear": ck.linear_ref, "linear_int8": ck.linear_int8_ref, "decoder_step": ck.decoder_step_ref}
+              "linear": ck.linear_ref, "linear_int8": ck.linear_int8_ref, "decoder_step": ck.decoder_step_ref,
+              "beam_candidates": ck.beam_candidates_ref}
 
 
 def as_double(value):
@@ -108,6 +122,9 @@ def check_case(op, backend, args, kwargs, dtype):
     if op == "decoder_step":
         want = ck.decoder_step_ref(*args, **kwargs)
         torch.testing.assert_close(got[0], want[0], **TOLERANCE[dtype])
+        return
+    if op == "beam_candidates":  # a search step: the same choices, bit for bit (ties in any order)
+        assert_same_candidates(got, ck.beam_candidates_ref(*args, **kwargs))
         return
     want = REFERENCES[op](*(as_double(a) for a in args), **kwargs)
     got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
@@ -127,7 +144,8 @@ def test_fuzz_against_reference(op, backend):
     torch.manual_seed(rng.randrange(2 ** 31))
     tried, ran, deadline = 0, 0, time.monotonic() + SECONDS
     while tried < MAX_CASES and (time.monotonic() < deadline or tried < MIN_CASES):
-        dtype = rng.choice([torch.float32, torch.float64] if op not in ("linear", "decoder_step") else [torch.float32])
+        dtype = rng.choice([torch.float32, torch.float64] if op not in ("linear", "decoder_step", "beam_candidates")
+                           else [torch.float32])
         args, kwargs = CASES[op](rng, dtype)
         tried += 1
         if ck.backend_reasons(backend, op, args[0].device, *args, **kwargs):

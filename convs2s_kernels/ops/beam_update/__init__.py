@@ -1,0 +1,20 @@
+"""``beam_update``: the rest of a beam-search step after :func:`convs2s_kernels.beam_candidates`:
+finished hypotheses recorded (fairseq's ``finalize_hypos``) and every beam advanced to its next
+live candidates, the prefixes following their parents.
+
+Everything of the op is in this folder:
+
+* ``api.py``: the public function and its input checks;
+* ``reference.py``: the plain-PyTorch ground truth (``*_ref``) and :class:`FinishedHypotheses`,
+  also the ``reference`` backend (no host read: it serves GPUs as it is);
+* ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/beam_update_cpu.cpp``).
+
+Tests: ``tests/ops/test_beam_update.py``.
+"""
+
+from ...dispatch import register
+from . import cpp  # noqa: F401  (registers the cpp backend's implementation)
+from .api import beam_update
+from .reference import FinishedHypotheses, beam_update_ref
+
+register("reference", "beam_update", beam_update_ref)

@@ -1,0 +1,59 @@
+"""``beam_update``: the public function (checks its inputs, then calls the backend the dispatcher picks)."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from ..._checks import check_shape, check_tensor
+from ...dispatch import resolve
+from ..beam_candidates.reference import BeamCandidates
+from .reference import FinishedHypotheses
+
+__all__ = ["beam_update", "beam_update_tensors"]
+
+
+def beam_update_tensors(cands, step, tokens, scores, *args, **kwargs):
+    """The floating tensors of a call, the running scores first (for the backends' capabilities)."""
+    return scores, cands.scores
+
+
+def _check_buffers(cands, step: int, tokens, scores, ignore, sent_ids, finished, attn) -> None:
+    if not isinstance(cands, BeamCandidates):
+        raise TypeError(f"cands must be a convs2s_kernels.BeamCandidates, got {type(cands).__name__}")
+    if not isinstance(finished, FinishedHypotheses):
+        raise TypeError(f"finished must be a convs2s_kernels.FinishedHypotheses, got {type(finished).__name__}")
+    check_tensor("ignore", ignore, 2, floating=False)
+    B, k = ignore.shape
+    check_shape("cands.scores", cands.scores, (B, None), "(B, C)")
+    if cands.scores.shape[1] < k:
+        raise ValueError(f"cands has {cands.scores.shape[1]} candidates per sentence, fewer than the beam ({k})")
+    check_tensor("tokens", tokens, 2, floating=False)
+    check_shape("tokens", tokens, (B * k, None), "(B * beam, L + 2)")
+    check_tensor("scores", scores, 2)
+    check_shape("scores", scores, (B * k, None), "(B * beam, L + 1)")
+    if not 0 <= step or tokens.shape[1] < step + 2 or scores.shape[1] < step + 1 or finished.tokens.shape[1] < step + 1:
+        raise ValueError(f"step {step} does not fit the buffers (tokens {tuple(tokens.shape)}, "
+                         f"scores {tuple(scores.shape)}, finished {tuple(finished.tokens.shape)})")
+    check_tensor("sent_ids", sent_ids, 1, floating=False)
+    check_shape("sent_ids", sent_ids, (B,), "(B,)")
+    if finished.tokens.shape[0] != 2 * finished.count.shape[0] * k:
+        raise ValueError(f"finished holds {finished.tokens.shape[0]} rows; beam {k} needs 2 x sentences x beam "
+                         f"= {2 * finished.count.shape[0] * k}")
+    if (attn is None) != (finished.attn is None):
+        raise ValueError("attn and finished.attn come together (both or neither)")
+
+
+def beam_update(cands: BeamCandidates, step: int, tokens: torch.Tensor, scores: torch.Tensor, ignore: torch.Tensor,
+                sent_ids: torch.Tensor, finished: FinishedHypotheses, *, lenpen: float = 1.0, at_max_len: bool = False,
+                attn: Optional[torch.Tensor] = None, eos: int = 2,
+                backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Record the finished hypotheses among ``cands`` and advance every beam (in place on the
+    search's buffers); returns ``(parents (N,), next ignore (B, beam))``. See
+    :func:`convs2s_kernels.beam_update_ref` for the arguments."""
+    _check_buffers(cands, step, tokens, scores, ignore, sent_ids, finished, attn)
+    args = (cands, step, tokens, scores, ignore, sent_ids, finished)
+    kwargs = dict(lenpen=lenpen, at_max_len=at_max_len, attn=attn, eos=eos)
+    fn = resolve("beam_update", tokens.device, backend, *args, **kwargs)
+    return fn(*args, **kwargs)

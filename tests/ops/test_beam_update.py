@@ -1,0 +1,109 @@
+"""``beam_update``: the cpp step against the reference (fairseq's finalisation and beam advance,
+tensor op by tensor op) on random searches: sentences with hypotheses already, sentences done,
+ignored candidates, EOS among the first ``beam``, the last step, attention, strided candidates;
+and the input errors."""
+
+import pytest
+import torch
+
+import convs2s_kernels as ck
+from harness import require_or_skip
+
+EOS = 2
+
+
+def search_state(B0, B, k, step, max_len, src_len=0, seed=0):
+    """Candidates of a random step plus the buffers of a search that has run ``step`` steps."""
+    g = torch.Generator().manual_seed(seed)
+    V, N = 30, B * k
+    logits = torch.randn(N, V, generator=g)
+    logits[:, EOS] += 2.5  # many EOS candidates
+    prev = -torch.rand(N, generator=g) * 10
+    ignore = torch.rand(B, k, generator=g) < 0.3
+    cands = ck.beam_candidates_ref(logits, prev, beam=k, step=step, max_len=max_len, ignore=ignore)
+    tokens = torch.randint(4, V, (N, max_len + 2), generator=g)
+    scores = -torch.rand(N, max_len + 1, generator=g).cumsum(1)
+    attn = torch.rand(N, src_len, max_len + 2, generator=g) if src_len else None
+    finished = ck.FinishedHypotheses.empty(B0, k, max_len, src_len)
+    finished.count.copy_(torch.randint(0, k + 1, (B0,), generator=g))
+    finished.done.copy_(finished.count == k)
+    finished.done[0] = True  # done early by max_len with fewer than k
+    sent_ids = torch.randperm(B0, generator=g)[:B]
+    return cands, tokens, scores, attn, ignore, sent_ids, finished
+
+
+def runnable(*args, **kwargs):
+    """Skip (or fail, when required) unless cpp runs beam_update on these inputs."""
+    require_or_skip("cpp")
+    why = ck.backend_reasons("cpp", "beam_update", args[2].device, *args, **kwargs)
+    if why:
+        pytest.skip("; ".join(why))
+
+
+def clone(x):
+    if x is None or isinstance(x, torch.Tensor):
+        return None if x is None else x.clone()
+    items = [clone(t) for t in x]
+    return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
+
+
+@pytest.mark.parametrize("B0,B,k", [(1, 1, 1), (4, 3, 2), (6, 6, 5), (5, 2, 4)])
+@pytest.mark.parametrize("step", [0, 1, 6, 9])
+@pytest.mark.parametrize("src_len", [0, 3])
+@torch.no_grad()
+def test_cpp_matches_reference(B0, B, k, step, src_len):
+    max_len = 9
+    cands, tokens, scores, attn, ignore, sent_ids, finished = search_state(B0, B, k, step, max_len, src_len, seed=step)
+    kwargs = dict(lenpen=0.6, at_max_len=step == max_len, eos=EOS)
+    args = (cands, step, tokens, scores, ignore, sent_ids, finished)
+    runnable(*args, attn=attn, **kwargs)
+    ref_bufs = clone((tokens, scores, attn, finished))
+    want = ck.beam_update_ref(cands, step, ref_bufs[0], ref_bufs[1], ignore, sent_ids, ref_bufs[3], attn=ref_bufs[2],
+                              **kwargs)
+    got = ck.beam_update(*args, attn=attn, backend="cpp", **kwargs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(tokens, ref_bufs[0]) and torch.equal(scores, ref_bufs[1])
+    if attn is not None:
+        assert torch.equal(attn, ref_bufs[2])
+    slots = B0 * k  # the scratch rows past the slots hold whatever the reference parked there
+    for name, g, w in zip(finished._fields, finished, ref_bufs[3]):
+        if g is None:
+            continue
+        if g.shape[0] == 2 * slots:
+            g, w = g[:slots], w[:slots]
+        assert torch.equal(g, w), name
+
+
+@torch.no_grad()
+def test_finishes_and_advances_as_fairseq_does():
+    """A hand-made step: sentence 0's best candidate ends, its next beam skips it."""
+    B, k = 1, 2
+    cands = ck.BeamCandidates(torch.tensor([[-1.0, -2.0, -3.0, -4.0]]), torch.tensor([[EOS, 7, 8, 9]]),
+                              torch.tensor([[1, 0, 1, 0]]), torch.tensor([[True, False, False, False]]))
+    tokens = torch.tensor([[EOS, 5, 0, 0], [EOS, 6, 0, 0]])
+    scores = torch.tensor([[-0.5, 0.0, 0.0], [-0.25, 0.0, 0.0]])
+    finished = ck.FinishedHypotheses.empty(1, k, 2)
+    ignore = torch.zeros(B, k, dtype=torch.bool)
+    args = (cands, 1, tokens, scores, ignore, torch.tensor([0]), finished)
+    runnable(*args)
+    parents, new_ignore = ck.beam_update(*args, lenpen=1.0, backend="cpp")
+    assert finished.count.tolist() == [1] and finished.done.tolist() == [False]
+    assert finished.tokens[0, :2].tolist() == [6, EOS] and finished.lengths[0] == 2
+    assert finished.pos_scores[0, :2].tolist() == [-0.25, -0.75] and finished.scores[0] == -0.5
+    assert parents.tolist() == [0, 1] and new_ignore.tolist() == [[False, False]]
+    assert tokens[:, :3].tolist() == [[EOS, 5, 7], [EOS, 6, 8]] and scores[:, 1].tolist() == [-2.0, -3.0]
+
+
+def test_input_errors():
+    cands, tokens, scores, attn, ignore, sent_ids, finished = search_state(3, 2, 2, 1, 5, src_len=2)
+    with pytest.raises(ValueError, match="attn and finished.attn come together"):
+        ck.beam_update(cands, 1, tokens, scores, ignore, sent_ids, finished)
+    with pytest.raises(ValueError, match="step 7 does not fit the buffers"):
+        ck.beam_update(cands, 7, tokens, scores, ignore, sent_ids, finished, attn=attn)
+    with pytest.raises(ValueError, match="tokens must have shape"):
+        ck.beam_update(cands, 1, tokens[:3], scores, ignore, sent_ids, finished, attn=attn)
+    with pytest.raises(TypeError, match="cands must be a convs2s_kernels.BeamCandidates"):
+        ck.beam_update(tuple(cands), 1, tokens, scores, ignore, sent_ids, finished, attn=attn)
+    why = ck.backend_reasons("cpp", "beam_update", tokens.device, cands, 1, tokens, scores.double(), ignore,
+                             sent_ids, finished)
+    assert why and "float32" in why[0]
