@@ -336,6 +336,7 @@ def _add_vs_fairseq_parser(bsub) -> None:
     vs.add_argument("--backend", choices=("cpp", "reference"), help="convs2s backend (default: cpp where built)")
     vs.add_argument("--decoder", choices=("plain", "folded"), default="folded")
     vs.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads for both (0: default)")
+    vs.add_argument("--int8", action="store_true", help="also time convs2s with int8 decoder weights (convs2s-int8)")
     vs.add_argument("--json", help="also write the numbers here")
     vs.set_defaults(func=cmd_vs_fairseq)
 

@@ -22,7 +22,7 @@ from convs2s_kernels.tune import ensure as ensure_kernel_choice
 
 from .architectures import ConvS2SConfig
 from .encoder import EncoderOut, check_tokens
-from .fused_step import fused_layers_step, fused_step_reason
+from .fused_step import fused_layers_step, fused_step_reason, step_linear
 from .layers import NO_DISPATCH, SQRT_HALF, Linear, apply_linear, conv_stack, embedding, make_positions, residual_input
 from .special_tokens import PAD
 from .step_shapes import step_weight_shapes
@@ -93,6 +93,9 @@ class DecoderState:
         self.vocab = None  # a convs2s.shortlist.VocabSubset: score only these target words
         self.fused_ok: Optional[bool] = None  # whether convs2s.fused_step ran this state's first step
         self.fused_weights = None
+        self.fused_layers = None  # (key, StepLayers) of this state (convs2s.fused_step)
+        self.fused_call = None  # (rows key, the decoder_step implementation checked at that key's first step)
+        self.bound_linears = {}  # fc1, fc2, fc3 bound to their weights and backend (convs2s.fused_step)
 
     @property
     def num_rows(self) -> int:
@@ -234,7 +237,7 @@ class Decoder(nn.Module):
         target_embedding = x
         # Projections of a step see only a few rows: they go through the dispatcher (``linear``),
         # whose cpp kernel streams the weight once instead of packing it for a GEMM.
-        x = apply_linear(self.fc1, x, backend)
+        x = step_linear(state, "fc1", self.fc1, x, backend)
         parents = state.pending_index
         emb_scores = None
         if state.folded is not None:  # g . z_s, shared by every attention layer
@@ -249,7 +252,10 @@ class Decoder(nn.Module):
             x, avg_attn = self._layers_step(x, target_embedding, emb_scores, state, parents, need_attn, backend)
         state.pending_index = None
         state.step += 1
-        return self._output(x, backend, state.vocab), avg_attn
+        if state.vocab is not None or self.training:
+            return self._output(x, backend, state.vocab), avg_attn
+        x = step_linear(state, "fc2", self.fc2, x, backend)  # dropout is off in eval mode
+        return step_linear(state, "fc3", self.fc3, x, backend), avg_attn
 
     def _layers_step(self, x, target_embedding, emb_scores, state: DecoderState, parents, need_attn: bool,
                      backend: Optional[str]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 import convs2s_kernels as ck
+from convs2s_kernels.dispatch import bind
 from convs2s_kernels.reference import search_rules_ref
 
 from .errors import Convs2sError
@@ -50,11 +51,14 @@ def _check_sources(sources: Sequence[Sequence[int]], vocab_size: int, max_len: i
     return out
 
 
-def _check_search_options(beam: int, nbest: int, min_len: int, max_len_a: float, max_len_b: int) -> None:
+def _check_search_options(beam: int, nbest: int, min_len: int, max_len_a: float, max_len_b: int,
+                          search_backend: Optional[str] = None) -> None:
     if beam < 1 or nbest < 1 or nbest > beam:
         raise GenerationError(f"need 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
     if min_len < 0 or max_len_b < 0 or max_len_a < 0:
         raise GenerationError("min_len, max_len_a and max_len_b must be non-negative")
+    if search_backend is not None:
+        ck.requested_backends(search_backend)  # validates the names
 
 
 def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: Optional[int] = None) -> List[List[int]]:
@@ -109,6 +113,7 @@ def generate(
     fold_attention: bool = False,
     shortlist=None,
     step_hook: Optional[Callable[[int], None]] = None,
+    search_backend: Optional[str] = None,
 ) -> List[List[dict]]:
     """Translate ``sources`` (token-id lists without EOS) with beam search.
 
@@ -129,17 +134,18 @@ def generate(
 
     ``step_hook(step)`` is called once a batch is encoded and its decoder state built (``step``
     = -1), then after every decoding step: benchmarks time the parts of a batch with it.
+
+    ``search_backend`` is the backend request of the search step's ops
+    (:func:`convs2s_kernels.beam_candidates`, :func:`convs2s_kernels.beam_update`); None: the model's.
     """
-    _check_search_options(beam, nbest, min_len, max_len_a, max_len_b)
+    _check_search_options(beam, nbest, min_len, max_len_a, max_len_b, search_backend)
     options = _SearchOptions(beam, max_len_a, max_len_b, min_len, lenpen, unkpen, return_attention, fold_attention,
-                             shortlist)
+                             shortlist, search_backend)
     with _sources_in_batches(model, sources, batch_size, max_tokens) as (srcs, batches):
         results: List[Optional[List[dict]]] = [None] * len(srcs)
         bar = _progress_bar(len(srcs)) if progress else None
         for idx, src in batches:
-            forced = None
-            if forced_length is not None:
-                forced = torch.tensor([int(forced_length[i]) for i in idx], device=src.device)
+            forced = None if forced_length is None else _batch_lengths(forced_length, idx, src.device)
             for i, h in zip(idx, _beam_search(model, src, options, forced, step_hook)):
                 results[i] = h[:nbest]
             if bar is not None:
@@ -147,6 +153,10 @@ def generate(
         if bar is not None:
             bar.close()
         return results  # type: ignore[return-value]
+
+
+def _batch_lengths(lengths: Sequence[int], idx: List[int], device) -> torch.Tensor:
+    return torch.tensor([int(lengths[i]) for i in idx], device=device)
 
 
 def _progress_bar(total: int):
@@ -166,6 +176,7 @@ class _SearchOptions:
     need_attn: bool = False
     fold_attention: bool = False
     shortlist: object = None
+    search_backend: Optional[str] = None
 
     def max_len(self, model: ConvS2SModel, src_len: int) -> int:
         """fairseq's ``min(a * S + b, max_positions - 1)`` for a batch of source length ``S``."""
@@ -230,6 +241,24 @@ class _Mailbox:
         return self.host.tolist()
 
 
+class _BoundOps:
+    """The search step's ops, checked (the public functions) at their first call for each batch
+    shape, then called bound to the implementation chosen there (``convs2s_kernels.dispatch.bind``):
+    a search's shapes and dtypes repeat every step, its arguments are its own."""
+
+    def __init__(self, backend: Optional[str]):
+        self.backend = backend
+        self.bound: Dict[tuple, Callable] = {}
+
+    def __call__(self, op: str, key: tuple, device: torch.device, *args, **kwargs):
+        fn = self.bound.get((op, key))
+        if fn is not None:
+            return fn(*args, **kwargs)
+        out = getattr(ck, op)(*args, backend=self.backend, **kwargs)
+        self.bound[(op, key)] = bind(op, device, self.backend, *args, **kwargs)
+        return out
+
+
 class _BeamSearch:
     """The buffers of one batch's beam search: ``bsz * k`` rows (a sentence's beams adjacent) of
     tokens (EOS first), cumulative scores and attention; finished hypotheses in preallocated
@@ -260,6 +289,8 @@ class _BeamSearch:
         self.host_sent_ids = list(range(bsz))  # the same, as the host knows it (no read needed)
         self.host_done = [False] * bsz  # sentences the host knows are finished
         self.mailbox = _Mailbox(self.finished.done)
+        backend = options.search_backend if options.search_backend is not None else model.backend
+        self.ops = _BoundOps(backend)
 
     def logits(self, step: int) -> torch.Tensor:
         """Decode one step: every row's scores of its next token (attention kept when asked)."""
@@ -274,18 +305,18 @@ class _BeamSearch:
         forced = None
         if self.forced_len is not None:
             forced = self.forced_len[self.sent_ids].repeat_interleave(self.k)
-        return ck.beam_candidates(logits, self.scores[:, step - 1] if step > 0 else None, beam=self.k, step=step,
-                               max_len=self.max_len, min_len=self.options.min_len, unkpen=self.options.unkpen,
-                               forced_len=forced, ignore=self.cands_to_ignore, pad=PAD, eos=EOS, unk=UNK,
-                               backend=self.model.backend)
+        return self.ops("beam_candidates", (self.bsz, step == 0, forced is None), logits.device,
+                        logits, self.scores[:, step - 1] if step > 0 else None, beam=self.k, step=step,
+                        max_len=self.max_len, min_len=self.options.min_len, unkpen=self.options.unkpen,
+                        forced_len=forced, ignore=self.cands_to_ignore, pad=PAD, eos=EOS, unk=UNK)
 
     def update(self, step: int, cands: ck.BeamCandidates) -> None:
         """Record the finished hypotheses and advance every beam (:func:`convs2s_kernels.beam_update`,
         on the device); the decoder state follows the parents; post which sentences are done."""
-        parents, self.cands_to_ignore = ck.beam_update(
-            cands, step, self.tokens, self.scores, self.cands_to_ignore, self.sent_ids, self.finished,
-            lenpen=self.options.lenpen, at_max_len=step == self.max_len, attn=self.attn, eos=EOS,
-            backend=self.model.backend)
+        parents, self.cands_to_ignore = self.ops(
+            "beam_update", (self.bsz,), self.device, cands, step, self.tokens, self.scores, self.cands_to_ignore,
+            self.sent_ids, self.finished, lenpen=self.options.lenpen, at_max_len=step == self.max_len,
+            attn=self.attn, eos=EOS)
         self.state.reorder(parents)
         self.mailbox.post(self.finished.done)
 

@@ -202,3 +202,19 @@ def resolve(op: str, device: torch.device, backend: Optional[str], *args, **kwar
     for counts in _counters:
         counts[(op, name)] += 1
     return _REGISTRY[name][op].fn
+
+
+def bind(op: str, device: torch.device, backend: Optional[str], *args, **kwargs) -> Callable:
+    """The implementation :func:`resolve` picks for these inputs, as a callable for later calls of
+    the same kind (a decoding step's, whose shapes and dtypes repeat): no checks, no choice, each
+    call still counted in the open :func:`count_dispatches` blocks. The caller vouches that later
+    inputs are like these."""
+    name = selected_backend_name(op, device, backend, *args, **kwargs)
+    fn = _REGISTRY[name][op].fn
+
+    def call(*a, **k):
+        for counts in _counters:
+            counts[(op, name)] += 1
+        return fn(*a, **k)
+
+    return call

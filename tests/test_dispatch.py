@@ -118,3 +118,18 @@ def test_count_dispatches_records_the_backend_that_ran_each_call():
     with ck.count_dispatches() as none:
         dispatch.selected_backend_name("linear", x.device, None, x, w, b)
     assert none == {}
+
+
+def test_bind_runs_the_chosen_implementation_and_counts_every_call():
+    """A bound op (a decoding step's repeated call) runs what resolve picks for the first inputs,
+    without re-checking, and is counted per call like a dispatched one."""
+    x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
+    name = dispatch.selected_backend_name("linear", x.device, "cpp,reference", x, w, b)
+    with ck.count_dispatches() as counts:
+        fn = dispatch.bind("linear", x.device, "cpp,reference", x, w, b)
+        assert counts == {}  # binding itself runs nothing
+        out = [fn(torch.randn(r, 8), w, b) for r in (3, 7)]
+    assert counts == {("linear", name): 2}
+    assert [o.shape for o in out] == [(3, 5), (7, 5)]
+    with pytest.raises(dispatch.BackendUnavailableError, match="cannot run linear"):
+        dispatch.bind("linear", x.device, "cpp", x.double().requires_grad_(), w.double(), b.double())

@@ -100,8 +100,10 @@ def agreement(ours: Sequence, theirs: Sequence) -> dict:
 
 def compare(*, fairseq_python: str, checkpoint: str, dicts: Optional[str], input_ids: str,
             beams: Sequence[int] = (1, 5), repeats: int = 1, batch_size: int = 128, config=None,
-            log=print) -> dict:
-    """Time every system at every beam, ``repeats`` times interleaved; compare their outputs."""
+            int8: bool = False, log=print) -> dict:
+    """Time every system at every beam, ``repeats`` times interleaved; compare their outputs.
+    ``int8`` adds convs2s with int8 decoder weights (``convs2s-int8``), its outputs compared with
+    fairseq's like the others (they are not expected to be identical)."""
     import convs2s
 
     if not os.path.exists(fairseq_python):
@@ -118,13 +120,16 @@ def compare(*, fairseq_python: str, checkpoint: str, dicts: Optional[str], input
         raise VsFairseqError(f"{input_ids}: word ids must lie in [4, {len(src_dict)}), got {bad[0]}")
     batches, forced = plan_batches(sentences, batch_size)
     threads = torch.get_num_threads()
-    times: Dict = {(s, b): [] for s in SYSTEMS for b in beams}
+    systems = SYSTEMS + (("convs2s-int8",) if int8 else ())
+    times: Dict = {(s, b): [] for s in systems for b in beams}
     outputs: Dict = {}
     for rep in range(repeats):
         for beam in beams:
-            for system in SYSTEMS:
-                if system == "convs2s":
+            for system in systems:
+                if system.startswith("convs2s"):
+                    model.quantize_decoder_int8(system == "convs2s-int8")
                     out = run_convs2s(model, sentences, batches, forced, beam, config)
+                    model.quantize_decoder_int8(False)
                 else:
                     out = run_fairseq(fairseq_python, checkpoint, sentences, batches, forced, beam, threads,
                                       cached=system == "fairseq-cached")
@@ -132,7 +137,7 @@ def compare(*, fairseq_python: str, checkpoint: str, dicts: Optional[str], input
                 outputs[(system, beam)] = out
                 log(f"repeat {rep + 1}/{repeats} beam {beam} {system:<15} {times[(system, beam)][-1]:.2f} s")
     model.use_backend(None)
-    return _result(times, outputs, beams, config, sentences, batches, checkpoint, model)
+    return _result(times, outputs, beams, systems, config, sentences, batches, checkpoint, model)
 
 
 def convs2s_kernels_cpp() -> bool:
@@ -141,17 +146,20 @@ def convs2s_kernels_cpp() -> bool:
     return ck.available_backends()["cpp"] is None
 
 
-def _result(times, outputs, beams, config, sentences, batches, checkpoint, model) -> dict:
+def _result(times, outputs, beams, systems, config, sentences, batches, checkpoint, model) -> dict:
     from convs2s_kernels.env import machine_description
 
     rows = []
     for beam in beams:
         ours = statistics.median(times[("convs2s", beam)])
-        for system in SYSTEMS:
+        for system in systems:
             t = times[(system, beam)]
             row = dict(system=system, beam=beam, seconds=statistics.median(t), seconds_min=min(t),
                        seconds_max=max(t), repeats=len(t), convs2s_speedup=statistics.median(t) / ours)
-            if system != "convs2s":
+            if system == "convs2s-int8":
+                row["agreement_with_fairseq"] = agreement(outputs[(system, beam)]["nbest"],
+                                                          outputs[("fairseq", beam)]["nbest"])
+            elif system != "convs2s":
                 row["agreement_with_convs2s"] = agreement(outputs[("convs2s", beam)]["nbest"],
                                                           outputs[(system, beam)]["nbest"])
                 row["fairseq_version"] = outputs[(system, beam)]["fairseq"]
@@ -172,7 +180,7 @@ def format_result(result: dict) -> str:
              "", "| system | beam | seconds (median) | range | convs2s speedup | top-1 identical | "
                  "n-best identical | max top-1 score diff |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        a = r.get("agreement_with_convs2s")
+        a = r.get("agreement_with_convs2s") or r.get("agreement_with_fairseq")
         agree = (f"{a['top1_identical']}/{a['sentences']} | {a['nbest_identical']}/{a['sentences']} | "
                  f"{a['max_top1_score_diff']:.1e}") if a else "- | - | -"
         lines.append(f"| {r['system']} | {r['beam']} | {r['seconds']:.2f} | {r['seconds_min']:.2f}–"
