@@ -170,11 +170,17 @@ def _result(times, outputs, beams, systems, config, sentences, batches, checkpoi
                            sentences=len(sentences), batches=len(batches), forced=f"round({TARGET_RATIO} x source)"))
 
 
+def _caps(machine: dict) -> str:
+    caps = machine.get("isa_caps") or {}
+    return f" (capped: {', '.join(f'{k}={v}' for k, v in caps.items())})" if caps else ""
+
+
 def format_result(result: dict) -> str:
     setup, m = result["setup"], result["machine"]
     lines = [f"{setup['arch']} ({setup['parameters']:,} parameters), {setup['sentences']} sentences in "
              f"{setup['batches']} equal-length batches, outputs forced to {setup['forced']} words; "
-             f"{m['cpu']}, {m['threads']} threads, {', '.join(m['isa'])}; convs2s: {result['convs2s_config']} "
+             f"{m['cpu']}, {m['threads']} threads, {', '.join(m['isa'])}{_caps(m)}; "
+             f"convs2s: {result['convs2s_config']} "
              f"on {m['allocator']}; fairseq on "
              f"{next((r.get('allocator') for r in result['rows'] if r.get('allocator')), 'unknown')}.",
              "", "| system | beam | seconds (median) | range | convs2s speedup | top-1 identical | "
