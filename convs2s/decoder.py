@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import convs2s_kernels as ck
+from convs2s_kernels.dispatch import BoundCalls
 from convs2s_kernels.tune import ensure as ensure_kernel_choice
 
 from .architectures import ConvS2SConfig
@@ -94,8 +95,7 @@ class DecoderState:
         self.fused_ok: Optional[bool] = None  # whether convs2s.fused_step ran this state's first step
         self.fused_weights = None
         self.fused_layers = None  # (key, StepLayers) of this state (convs2s.fused_step)
-        self.fused_call = None  # (rows key, the decoder_step implementation checked at that key's first step)
-        self.bound_linears = {}  # fc1, fc2, fc3 bound to their weights and backend (convs2s.fused_step)
+        self.calls = BoundCalls()  # the step's ops, checked once per row count (convs2s.fused_step)
 
     @property
     def num_rows(self) -> int:
@@ -158,12 +158,17 @@ class Decoder(nn.Module):
     def max_positions(self) -> int:
         return self.embed_positions.num_embeddings - PAD - 1
 
-    def _output(self, x, backend: Optional[str] = NO_DISPATCH, vocab=None):
-        x = apply_linear(self.fc2, x, backend)
+    def _output(self, x, backend: Optional[str] = NO_DISPATCH, vocab=None, state: Optional[DecoderState] = None):
+        """fc2, dropout, fc3 (or a shortlist's rows); a decoding step's ``state`` binds its calls."""
+        x = self._linear("fc2", x, backend, state)
         x = F.dropout(x, self.dropout, self.training)
         if vocab is not None:  # a shortlist (convs2s.shortlist.VocabSubset): only its rows are scored
             return vocab.logits(x, backend)
-        return apply_linear(self.fc3, x, backend)
+        return self._linear("fc3", x, backend, state)
+
+    def _linear(self, name: str, x, backend: Optional[str], state: Optional[DecoderState]):
+        module = getattr(self, name)
+        return apply_linear(module, x, backend) if state is None else step_linear(state, name, module, x, backend)
 
     def forward(self, prev_output_tokens: torch.Tensor, encoder_out: EncoderOut, need_attn: bool = True,
                 backend: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -237,7 +242,7 @@ class Decoder(nn.Module):
         target_embedding = x
         # Projections of a step see only a few rows: they go through the dispatcher (``linear``),
         # whose cpp kernel streams the weight once instead of packing it for a GEMM.
-        x = step_linear(state, "fc1", self.fc1, x, backend)
+        x = self._linear("fc1", x, backend, state)
         parents = state.pending_index
         emb_scores = None
         if state.folded is not None:  # g . z_s, shared by every attention layer
@@ -252,10 +257,7 @@ class Decoder(nn.Module):
             x, avg_attn = self._layers_step(x, target_embedding, emb_scores, state, parents, need_attn, backend)
         state.pending_index = None
         state.step += 1
-        if state.vocab is not None or self.training:
-            return self._output(x, backend, state.vocab), avg_attn
-        x = step_linear(state, "fc2", self.fc2, x, backend)  # dropout is off in eval mode
-        return step_linear(state, "fc3", self.fc3, x, backend), avg_attn
+        return self._output(x, backend, state.vocab, state), avg_attn
 
     def _layers_step(self, x, target_embedding, emb_scores, state: DecoderState, parents, need_attn: bool,
                      backend: Optional[str]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -9,14 +9,13 @@ removes is Python's per-operation overhead (about a hundred calls per step).
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 import convs2s_kernels as ck
-from convs2s_kernels.dispatch import bind
 
-from .layers import Linear, apply_linear
+from .layers import NO_DISPATCH, Linear, apply_linear
 
 
 def fused_step_reason(decoder, x: torch.Tensor, emb_scores: torch.Tensor, state,
@@ -75,41 +74,24 @@ def fused_layers_step(decoder, x: torch.Tensor, emb_scores: torch.Tensor, state,
                       need_attn: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(x after the last layer (N, C), averaged attention (N, S) or None)``; advances the conv states.
 
-    The op's checks run at a state's first step (and after sentences leave); later steps call the
-    cpp implementation the dispatcher chose then, with the same weights and shapes."""
+    The op's checks run at the first step with each row count (sentences leaving change it);
+    later steps call the cpp implementation chosen then (``state.calls``)."""
     enc = state.encoder_out
-    layers = _step_layers(decoder, state)
-    args = (x, state.conv_states, layers, emb_scores, enc.pad_mask, enc.src_lengths, parents)
-    rows_key = (x.shape[0], id(layers))
-    if state.fused_call is None or state.fused_call[0] != rows_key:
-        x, attn, state.conv_states = ck.decoder_step(*args, need_attn=need_attn, backend="cpp")
-        state.fused_call = (rows_key, bind("decoder_step", x.device, "cpp", *args, need_attn=need_attn))
-        return x, attn
-    x, attn, state.conv_states = state.fused_call[1](*args, need_attn=need_attn)
+    x, attn, state.conv_states = state.calls(
+        ck.decoder_step, x.shape[0], x.device, x, state.conv_states, _step_layers(decoder, state), emb_scores,
+        enc.pad_mask, enc.src_lengths, parents, need_attn=need_attn, backend="cpp")
     return x, attn
 
 
-def _bind_linear(module, x: torch.Tensor, backend: Optional[str]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``module``'s product with its weights taken once and the backend the dispatcher picks for
-    ``x``: what ``apply_linear`` does per call, less its checks and dispatch (~15 us a call)."""
-    if not isinstance(module, Linear):  # fairseq's tied output layer: a plain nn.Linear
-        return module
-    bias, quantized = module.bias, module.int8_weight()
-    if quantized is not None:
-        fn = bind("linear_int8", x.device, backend, x, *quantized, bias)
-        return lambda rows: fn(rows, *quantized, bias)
-    weight = module.effective_weight()
-    fn = bind("linear", x.device, backend, x, weight, bias)
-    return lambda rows: fn(rows, weight, bias)
-
-
 def step_linear(state, name: str, module, x: torch.Tensor, backend: Optional[str]) -> torch.Tensor:
-    """``apply_linear(module, x, backend)`` for a decoding step: in inference (no autograd, no
-    autocast) bound once per state and row count (:func:`_bind_linear`); otherwise the op itself."""
-    if torch.is_grad_enabled() or module.training or torch.is_autocast_enabled(x.device.type):
+    """``apply_linear(module, x, backend)`` for a decoding step (``name``: the decoder's layer): in
+    inference (no autograd, no autocast) through ``state.calls``, the op's checks run at the first
+    step with each row count; otherwise the op itself."""
+    if (backend == NO_DISPATCH or not isinstance(module, Linear) or torch.is_grad_enabled() or module.training
+            or torch.is_autocast_enabled(x.device.type)):
         return apply_linear(module, x, backend)
-    rows, fn = state.bound_linears.get(name, (None, None))
-    if rows != x.shape[0]:
-        fn = _bind_linear(module, x, backend)
-        state.bound_linears[name] = (x.shape[0], fn)
-    return fn(x)
+    quantized = module.int8_weight()
+    if quantized is not None:
+        return state.calls(ck.linear_int8, (name, x.shape[0]), x.device, x, *quantized, module.bias, backend=backend)
+    return state.calls(ck.linear, (name, x.shape[0]), x.device, x, module.effective_weight(), module.bias,
+                       backend=backend)

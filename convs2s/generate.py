@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 import convs2s_kernels as ck
-from convs2s_kernels.dispatch import bind
+from convs2s_kernels.dispatch import BoundCalls
 from convs2s_kernels.reference import search_rules_ref
 
 from .errors import Convs2sError
@@ -241,24 +241,6 @@ class _Mailbox:
         return self.host.tolist()
 
 
-class _BoundOps:
-    """The search step's ops, checked (the public functions) at their first call for each batch
-    shape, then called bound to the implementation chosen there (``convs2s_kernels.dispatch.bind``):
-    a search's shapes and dtypes repeat every step, its arguments are its own."""
-
-    def __init__(self, backend: Optional[str]):
-        self.backend = backend
-        self.bound: Dict[tuple, Callable] = {}
-
-    def __call__(self, op: str, key: tuple, device: torch.device, *args, **kwargs):
-        fn = self.bound.get((op, key))
-        if fn is not None:
-            return fn(*args, **kwargs)
-        out = getattr(ck, op)(*args, backend=self.backend, **kwargs)
-        self.bound[(op, key)] = bind(op, device, self.backend, *args, **kwargs)
-        return out
-
-
 class _BeamSearch:
     """The buffers of one batch's beam search: ``bsz * k`` rows (a sentence's beams adjacent) of
     tokens (EOS first), cumulative scores and attention; finished hypotheses in preallocated
@@ -289,8 +271,9 @@ class _BeamSearch:
         self.host_sent_ids = list(range(bsz))  # the same, as the host knows it (no read needed)
         self.host_done = [False] * bsz  # sentences the host knows are finished
         self.mailbox = _Mailbox(self.finished.done)
-        backend = options.search_backend if options.search_backend is not None else model.backend
-        self.ops = _BoundOps(backend)
+        # the search's two ops: checked at their first call for each batch size, then bound
+        self.backend = options.search_backend if options.search_backend is not None else model.backend
+        self.ops = BoundCalls()
 
     def logits(self, step: int) -> torch.Tensor:
         """Decode one step: every row's scores of its next token (attention kept when asked)."""
@@ -305,18 +288,19 @@ class _BeamSearch:
         forced = None
         if self.forced_len is not None:
             forced = self.forced_len[self.sent_ids].repeat_interleave(self.k)
-        return self.ops("beam_candidates", (self.bsz, step == 0, forced is None), logits.device,
+        return self.ops(ck.beam_candidates, (self.bsz, step == 0, forced is None), logits.device,
                         logits, self.scores[:, step - 1] if step > 0 else None, beam=self.k, step=step,
                         max_len=self.max_len, min_len=self.options.min_len, unkpen=self.options.unkpen,
-                        forced_len=forced, ignore=self.cands_to_ignore, pad=PAD, eos=EOS, unk=UNK)
+                        forced_len=forced, ignore=self.cands_to_ignore, pad=PAD, eos=EOS, unk=UNK,
+                        backend=self.backend)
 
     def update(self, step: int, cands: ck.BeamCandidates) -> None:
         """Record the finished hypotheses and advance every beam (:func:`convs2s_kernels.beam_update`,
         on the device); the decoder state follows the parents; post which sentences are done."""
         parents, self.cands_to_ignore = self.ops(
-            "beam_update", (self.bsz,), self.device, cands, step, self.tokens, self.scores, self.cands_to_ignore,
+            ck.beam_update, self.bsz, self.device, cands, step, self.tokens, self.scores, self.cands_to_ignore,
             self.sent_ids, self.finished, lenpen=self.options.lenpen, at_max_len=step == self.max_len,
-            attn=self.attn, eos=EOS)
+            attn=self.attn, eos=EOS, backend=self.backend)
         self.state.reorder(parents)
         self.mailbox.post(self.finished.done)
 

@@ -218,3 +218,23 @@ def bind(op: str, device: torch.device, backend: Optional[str], *args, **kwargs)
         return fn(*a, **k)
 
     return call
+
+
+class BoundCalls:
+    """Calls of public ops whose inputs repeat in kind (a decoding loop's, step after step): the
+    first call of each ``(op, backend, key)`` goes through the public function (its checks, its
+    dispatch), later ones straight to the implementation chosen then (:func:`bind`). ``key`` names
+    what makes calls alike for the caller (e.g. the batch's rows); a new key is checked again."""
+
+    def __init__(self):
+        self._bound: Dict[tuple, Callable] = {}
+
+    def __call__(self, public_fn: Callable, key, device: torch.device, *args, backend: Optional[str] = None,
+                 **kwargs):
+        op = public_fn.__name__
+        fn = self._bound.get((op, backend, key))
+        if fn is not None:
+            return fn(*args, **kwargs)
+        out = public_fn(*args, backend=backend, **kwargs)
+        self._bound[(op, backend, key)] = bind(op, device, backend, *args, **kwargs)
+        return out

@@ -133,3 +133,25 @@ def test_bind_runs_the_chosen_implementation_and_counts_every_call():
     assert [o.shape for o in out] == [(3, 5), (7, 5)]
     with pytest.raises(dispatch.BackendUnavailableError, match="cannot run linear"):
         dispatch.bind("linear", x.device, "cpp", x.double().requires_grad_(), w.double(), b.double())
+
+
+def test_bound_calls_check_each_key_once_then_call_the_bound_implementation(monkeypatch):
+    """The first call of each key runs the public function (checks included), later ones the bound
+    implementation; every call is counted."""
+    checked = []
+    real = ck.linear
+
+    def linear(*args, **kwargs):  # the public function, recording that its checks ran
+        checked.append(args[0].shape[0])
+        return real(*args, **kwargs)
+
+    linear.__name__ = "linear"
+    calls = dispatch.BoundCalls()
+    w, b = torch.randn(5, 8), torch.randn(5)
+    with ck.count_dispatches() as counts:
+        outs = [calls(linear, rows, w.device, torch.randn(rows, 8), w, b, backend="cpp,reference")
+                for rows in (3, 3, 3, 4, 4)]
+    assert checked == [3, 4] and [o.shape[0] for o in outs] == [3, 3, 3, 4, 4]
+    assert sum(counts.values()) == 5 and all(op == "linear" for op, _ in counts)
+    with pytest.raises(ValueError, match="weight expects 8 input features"):
+        calls(linear, 6, w.device, torch.randn(6, 9), w, b, backend="cpp,reference")  # a new key is checked

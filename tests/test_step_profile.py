@@ -61,3 +61,13 @@ def test_search_overhead_splits_each_step_into_ops_and_python(tmp_path):
     assert rec["python_step_ms"] == pytest.approx(rec["profiled_step_ms"] - rec["inside_ops_step_ms"])
     text = search_overhead.format_result("tiny", [rec])
     assert text.count("\n| 2 | 3 | 12 |") == 1
+
+
+def test_search_overhead_bad_input_names_the_problem(tmp_path, capsys):
+    from convs2s_bench import search_overhead
+
+    for argv, message in ((["--input", "x", "--beams", "5,0"], "--beams must be positive integers"),
+                          (["--input", str(tmp_path / "missing.ids"), "--vocab", "20"], "cannot read sentence ids")):
+        with pytest.raises(SystemExit) as exit_:
+            search_overhead.main(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err

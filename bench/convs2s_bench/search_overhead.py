@@ -17,8 +17,10 @@ from typing import List, Optional
 
 import torch
 
+from convs2s.errors import Convs2sError
 from convs2s_kernels.env import machine_description
 
+from .report import positive_ints, publish
 from .vs_fairseq import plan_batches, read_ids
 
 
@@ -99,15 +101,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", help="also write the table to this markdown file")
     args = p.parse_args(argv)
-    model = _model(args)
-    sentences = read_ids(args.input)
-    results = [measure(model, sentences, int(b), args.repeats) for b in args.beams.split(",")]
-    text = format_result(args.checkpoint or args.arch, results)
-    print(text)
-    if args.out:
-        from convs2s.atomic import atomic_write_text
-
-        atomic_write_text(args.out, text + "\n")
+    beams = positive_ints(p, "--beams", args.beams)
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
+    try:
+        model, sentences = _model(args), read_ids(args.input)
+    except Convs2sError as exc:  # an unreadable input or checkpoint: one line, exit 2
+        p.error(str(exc))
+    publish(format_result(args.checkpoint or args.arch, [measure(model, sentences, b, args.repeats) for b in beams]),
+            args.out)
     return 0
 
 

@@ -19,6 +19,7 @@ from convs2s.model import build_model
 from convs2s.step_shapes import step_weight_modules
 from convs2s_kernels.env import machine_description
 
+from .report import positive_ints, publish
 from .roofline import copy_peak_gbps, gemm_peak_gflops
 
 SOURCE_LEN = 27  # the mean newstest source (25.4 subwords) rounded up, as in the peer workload
@@ -130,18 +131,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--rows", default="1,12,160", help="comma-separated row counts (sentences x beam)")
     p.add_argument("--out", help="also write the table to this markdown file")
     args = p.parse_args(argv)
-    try:
-        rows = [int(r) for r in args.rows.split(",") if r.strip()]
-        if not rows or min(rows) < 1:
-            raise ValueError
-    except ValueError:
-        p.error(f"--rows must be positive integers separated by commas, got {args.rows!r}")
-    text = format_profile(run(args.arch, rows))
-    print(text)
-    if args.out:
-        from convs2s.atomic import atomic_write_text
-
-        atomic_write_text(args.out, text + "\n")
+    rows = positive_ints(p, "--rows", args.rows)
+    publish(format_profile(run(args.arch, rows)), args.out)
     return 0
 
 
