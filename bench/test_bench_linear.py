@@ -1,4 +1,4 @@
-"""The decoding step's projections (``linear``, and ``linear_int8`` with int8 weights): a few rows
+"""The decoding step's projections (``linear``; ``linear_int8`` and ``linear_w8a8`` with int8 weights): a few rows
 (sentences x beam) against a large weight, per backend. Shapes of the WMT'14 En-Fr decoder: a
 512->1024 residual projection, the 768->512 attention projection, the 4096->512 output
 projection (fc2) and the 512->40000 vocabulary projection (fc3), at 1, 5, 8, 12 and 16 rows. The cpp
@@ -41,30 +41,42 @@ def test_linear(benchmark, runnable, peaks, device, backend, shape, dtype_name):
            peaks=peaks, dtype_name=dtype_name)
 
 
-@pytest.mark.parametrize("shape", [pytest.param(s, id=f"M{s[0]}_K{s[1]}_N{s[2]}") for s in SHAPES])
-@pytest.mark.parametrize("provider", ["fp32-weights", "reference", "cpp"])
+# int8 also at the rows of many sentences x beam 5, where weight-only int8 lost to fp32
+INT8_SHAPES = SHAPES + shapes(paper=[(m, k, n) for m in (32, 64, 160) for k, n in ((1536, 1024), (512, 40000))],
+                              smoke=[(70, 16, 24)])
+INT8_PROVIDERS = {"reference": ck.linear_int8, "cpp": ck.linear_int8,
+                  "w8a8-reference": ck.linear_w8a8, "w8a8-cpp": ck.linear_w8a8}
+
+
+@pytest.mark.parametrize("shape", [pytest.param(s, id=f"M{s[0]}_K{s[1]}_N{s[2]}") for s in INT8_SHAPES])
+@pytest.mark.parametrize("provider", ["fp32-weights", *INT8_PROVIDERS])
 def test_linear_int8(benchmark, runnable, peaks, device, provider, shape):
-    """int8 weights against the float32 product they replace (``fp32-weights``: F.linear with the
-    original weight); ``reference`` dequantises on every call (the definition, not a fast path)."""
+    """int8 weights against the float32 product they replace (``fp32-weights``: the fastest float32
+    path, ``linear`` with the kernel choice measured for the shape); ``reference``/``cpp`` are
+    weight-only int8 (``linear_int8``), ``w8a8-*`` int8 weights and activations (``linear_w8a8``).
+    The int8 references run the definition (dequantise, or exact integer sums), not a fast path."""
     m, k, n = shape
     x = torch.randn(m, k, device=device)
     w = torch.randn(n, k, device=device) / k ** 0.5
     b = torch.randn(n, device=device)
     q, s = ck.quantize_int8(w)
     if provider == "fp32-weights":
+        if device.type == "cpu" and ck.available_backends()["cpp"] is None:
+            ensure([Shape("nk", "float32", k, n)])
         weight = rotating(w, device)
 
         def run():
             with torch.no_grad():
-                return torch.nn.functional.linear(x, weight(), b)
+                return ck.linear(x, weight(), b)
         weight_bytes = 4 * w.numel()
     else:
-        runnable(provider, "linear_int8", x, q, s, b)
+        op, backend = INT8_PROVIDERS[provider], provider.split("-")[-1]
+        runnable(backend, op.__name__, x, q, s, b)
         qweight = rotating(q, device)
 
         def run():
             with torch.no_grad():
-                return ck.linear_int8(x, qweight(), s, b, backend=provider)
+                return op(x, qweight(), s, b, backend=backend)
         weight_bytes = q.numel() + 4 * n
     benchmark.group = f"linear_int8 M{m} K{k} N{n}"
     run_timed(benchmark, run, device)

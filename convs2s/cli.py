@@ -87,8 +87,8 @@ def _load_for_translation(args):
     model, src_dict, tgt_dict = convs2s.load_fairseq(args.fairseq_checkpoint, args.fairseq_dicts,
                                                       trust_pickle=args.trust_pickle)
     model.use_backend(args.backend)
-    if args.int8:
-        model.quantize_decoder_int8()
+    if args.int8 or args.int8_weights_only:
+        model.quantize_decoder_int8(activations="float" if args.int8_weights_only else "int8")
     return model, src_dict, tgt_dict
 
 
@@ -274,8 +274,10 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shortlist-top", type=_non_negative(int), default=100,
                    help="most frequent target words always scored with --shortlist (default 100)")
     p.add_argument("--int8", action="store_true",
-                   help="decode with int8 decoder weights (float32 activations): less memory traffic per step, "
-                        "a small translation-quality cost (see the README)")
+                   help="decode with int8 decoder weights and activations (integer dot products): a quarter of "
+                        "the weight bytes per step, a small translation-quality cost (see the README)")
+    p.add_argument("--int8-weights-only", action="store_true",
+                   help="decode with int8 decoder weights but float32 activations and sums")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
 
 
@@ -309,7 +311,8 @@ def _add_speed_table_parser(bsub) -> None:
                          "(default: the reference baseline and the fastest configuration of this machine)")
     st.add_argument("--device", default="cpu")
     st.add_argument("--dtype", type=_name_list, default=None,
-                    help="fp32, bf16, int8 (fp32 activations, int8 decoder weights), comma-separated")
+                    help="fp32, bf16, int8 (int8 decoder weights and activations), int8w (int8 decoder weights, "
+                         "fp32 activations), comma-separated")
     st.add_argument("--decoders", type=_name_list, default=None,
                     help="plain and/or folded (attention projections precomputed per sentence; exact)")
     st.add_argument("--repeats", type=_positive_int, default=3, help="timings per row (median and range)")
@@ -336,7 +339,10 @@ def _add_vs_fairseq_parser(bsub) -> None:
     vs.add_argument("--backend", choices=("cpp", "reference"), help="convs2s backend (default: cpp where built)")
     vs.add_argument("--decoder", choices=("plain", "folded"), default="folded")
     vs.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads for both (0: default)")
-    vs.add_argument("--int8", action="store_true", help="also time convs2s with int8 decoder weights (convs2s-int8)")
+    vs.add_argument("--int8", action="store_true",
+                    help="also time convs2s with int8 decoder weights and activations (convs2s-int8)")
+    vs.add_argument("--int8-weights-only", action="store_true",
+                    help="also time convs2s with int8 decoder weights and float32 activations (convs2s-int8w)")
     vs.add_argument("--json", help="also write the numbers here")
     vs.set_defaults(func=cmd_vs_fairseq)
 

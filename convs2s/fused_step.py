@@ -49,7 +49,8 @@ def _layer_weights(decoder) -> List[dict]:
     layers = []
     for proj, conv, r in zip(decoder.projections, decoder.convolutions, decoder.residuals):
         conv_w, conv_s = _weights(conv)
-        entry = dict(conv_weight=conv_w, conv_scale=conv_s, conv_bias=conv.bias, residual=r)
+        entry = dict(conv_weight=conv_w, conv_scale=conv_s, conv_bias=conv.bias, residual=r,
+                     int8_activations=conv_s is not None and conv.int8_activations)
         if proj is not None:
             proj_w, proj_s = _weights(proj)
             entry.update(proj_weight=proj_w, proj_scale=proj_s, proj_bias=proj.bias)
@@ -92,6 +93,7 @@ def step_linear(state, name: str, module, x: torch.Tensor, backend: Optional[str
         return apply_linear(module, x, backend)
     quantized = module.int8_weight()
     if quantized is not None:
-        return state.calls(ck.linear_int8, (name, x.shape[0]), x.device, x, *quantized, module.bias, backend=backend)
+        return state.calls(module.int8_product(), (name, x.shape[0]), x.device, x, *quantized, module.bias,
+                           backend=backend)
     return state.calls(ck.linear, (name, x.shape[0]), x.device, x, module.effective_weight(), module.bias,
                        backend=backend)

@@ -65,8 +65,14 @@ class WeightNormed(nn.Module):
             self._wn_cache_key = key
         return self._wn_cache
 
-    # --- weight-only int8 for decoding steps ---------------------------------------------------
+    # --- int8 weights for decoding steps ---------------------------------------------------------
     use_int8 = False  # set by ConvS2SModel.quantize_decoder_int8; never touches the parameters
+    int8_activations = True  # with int8 weights: quantise each row of x too (linear_w8a8), else float x
+
+    def int8_product(self):
+        """The op a decoding step multiplies the int8 weight with: ``linear_w8a8`` (int8 activations)
+        or ``linear_int8`` (float32 activations)."""
+        return ck.linear_w8a8 if self.int8_activations else ck.linear_int8
 
     def _int8_matrix(self) -> torch.Tensor:
         """The (N, K) matrix a decoding step multiplies by (per-output-row quantisation)."""
@@ -141,7 +147,7 @@ class Linear(WeightNormed):
             return F.linear(x, self.effective_weight(), self.bias)
         quantized = self.int8_weight()
         if quantized is not None:
-            return ck.linear_int8(x, *quantized, self.bias, backend=backend)
+            return self.int8_product()(x, *quantized, self.bias, backend=backend)
         return ck.linear(x, self.effective_weight(), self.bias, backend=backend)
 
     def _int8_matrix(self) -> torch.Tensor:
@@ -180,14 +186,14 @@ class ConvTBCWeight(WeightNormed):
     def step(self, x: torch.Tensor, state: torch.Tensor, parents: Optional[torch.Tensor],
              backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """One decoding step: the fused ``conv_step`` op, or with int8 weights the same reorder,
-        shift and append followed by the int8 product and GLU."""
+        shift and append followed by the int8 product (:meth:`int8_product`) and GLU."""
         quantized = self.int8_weight()
         if quantized is None:
             return ck.conv_step(x, state, self.effective_weight(), self.bias, parents, backend=backend)
         if parents is not None:
             state = state.index_select(0, parents)
         window = torch.cat([state, x.unsqueeze(1)], dim=1)
-        pre = ck.linear_int8(window.flatten(1), *quantized, self.bias, backend=backend)
+        pre = self.int8_product()(window.flatten(1), *quantized, self.bias, backend=backend)
         return F.glu(pre, dim=-1), window[:, 1:]
 
 

@@ -95,14 +95,19 @@ class ConvS2SModel(nn.Module):
                 m.fold_weight_norm()
         return self
 
-    def quantize_decoder_int8(self, enabled: bool = True) -> "ConvS2SModel":
-        """Weight-only int8 for decoding steps (``decode_step``, ``generate``): every decoder linear
-        layer and convolution multiplies by its weight quantised per output row (a quarter of
-        float32's bytes to stream); activations and sums stay float32. The parameters and the full
-        forward (training, scoring) are untouched; ``enabled=False`` turns it off."""
+    def quantize_decoder_int8(self, enabled: bool = True, *, activations: str = "int8") -> "ConvS2SModel":
+        """int8 decoding steps (``decode_step``, ``generate``): every decoder linear layer and
+        convolution multiplies by its weight quantised per output row (a quarter of float32's
+        bytes to stream). ``activations="int8"`` quantises each row of its input too and runs
+        integer dot products (:func:`convs2s_kernels.linear_w8a8`); ``"float"`` keeps float32
+        activations and sums (weight-only, :func:`convs2s_kernels.linear_int8`). The parameters
+        and the full forward (training, scoring) are untouched; ``enabled=False`` turns it off."""
+        if activations not in ("int8", "float"):
+            raise ValueError(f"activations must be 'int8' or 'float', got {activations!r}")
         for m in self.decoder.modules():
             if isinstance(m, WeightNormed):
                 m.use_int8 = enabled
+                m.int8_activations = activations == "int8"
         return self
 
     def num_parameters(self) -> int:

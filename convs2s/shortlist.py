@@ -81,6 +81,7 @@ class VocabSubset:
         self.bias = None if fc3.bias is None else fc3.bias.detach().index_select(0, ids)
         if quantized is not None:
             self.qweight, self.scale = (t.index_select(0, ids) for t in quantized)
+            self.int8_product = fc3.int8_product()
             self.weight = None
         else:
             weight = fc3.effective_weight() if hasattr(fc3, "effective_weight") else fc3.weight
@@ -89,7 +90,7 @@ class VocabSubset:
 
     def logits(self, x: torch.Tensor, backend: Optional[str] = None) -> torch.Tensor:
         if self.qweight is not None:
-            small = ck.linear_int8(x, self.qweight, self.scale, self.bias, backend=backend)
+            small = self.int8_product(x, self.qweight, self.scale, self.bias, backend=backend)
         else:
             small = ck.linear(x, self.weight, self.bias, backend=backend)
         full = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))

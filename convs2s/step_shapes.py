@@ -18,7 +18,8 @@ _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 def _shape(module: nn.Module) -> List[Shape]:
     """A conv weight is (K, N) = (k * C_in, 2C) for float steps; int8 ones are quantised per
-    output row, (N, K); Linear weights are (N, K) either way."""
+    output row, (N, K); Linear weights are (N, K) either way. With int8 activations there is no
+    choice to measure."""
     if isinstance(module, ConvTBCWeight):
         K, N, form = module.kernel_width * module.in_channels, module.out_channels, "kn"
     elif isinstance(module, WeightNormed):
@@ -26,7 +27,8 @@ def _shape(module: nn.Module) -> List[Shape]:
     else:  # a plain nn.Linear (fc3 tied to the target embedding) runs F.linear, never the kernels
         return []
     if isinstance(module, WeightNormed) and module.use_int8:
-        return [Shape("nk", "int8", K, N)]
+        # int8 activations run linear_w8a8, which has one kernel per instruction set: nothing to choose
+        return [] if module.int8_activations else [Shape("nk", "int8", K, N)]
     dtype = _DTYPES.get(module.bias.dtype)
     return [] if dtype is None else [Shape(form, dtype, K, N)]  # float64: the kernels do not take it
 

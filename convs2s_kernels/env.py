@@ -107,7 +107,10 @@ def machine_description(device=None) -> Dict[str, object]:
     library versions and, on CUDA devices, the GPU."""
     import torch
 
+    from .extension import int8_kernel_isa, small_gemm_isa
+
     info: Dict[str, object] = dict(cpu=cpu_model(), isa=instruction_sets(), isa_caps=isa_caps(),
+                                   kernels=dict(few_rows=small_gemm_isa(), int8=int8_kernel_isa()),
                                    allocator=active_allocator(),
                                    native_bf16=native_bf16(), threads=torch.get_num_threads(),
                                    torch=torch.__version__, python=platform.python_version(),
@@ -171,10 +174,11 @@ def report() -> str:
         lines.append(f"triton {triton.__version__}")
     except ImportError:
         lines.append("triton: not installed")
-    from .extension import small_gemm_isa
+    from .extension import int8_kernel_isa, small_gemm_isa
 
     if small_gemm_isa() is not None:
         lines.append(f"cpp few-row kernels: {small_gemm_isa()}")
+        lines.append(f"cpp int8 x int8 kernels (linear_w8a8): {int8_kernel_isa()}")
         lines.append(kernel_choice_line())
     lines.append("backends:")
     for name, why in ck.available_backends().items():

@@ -54,6 +54,12 @@ def small_gemm_isa() -> Optional[str]:
     return None if _C is None else _C.small_gemm_isa()
 
 
+def int8_kernel_isa() -> Optional[str]:
+    """The int8 x int8 kernel of ``linear_w8a8`` on this CPU: ``avx512-vnni``, ``avx2`` or
+    ``baseline`` (after ``CONVS2S_KERNELS_ISA``'s cap; None without the extension)."""
+    return None if _C is None else _C.linear_w8a8_isa()
+
+
 if os.environ.get(KERNELS_ISA_ENV, KERNELS_ISA_LEVELS[0]) not in KERNELS_ISA_LEVELS:  # the C++ side ignores it
     warnings.warn(f"{KERNELS_ISA_ENV}={os.environ[KERNELS_ISA_ENV]!r} is not one of {', '.join(KERNELS_ISA_LEVELS)}; "
                   "ignored (the few-row kernels use the best instruction set of this CPU)")

@@ -7,7 +7,8 @@ convolution weights use fairseq's ConvTBC layout ``(k, C_in, 2C)``.
 """
 
 from .ops import (attention_embsum_ref, beam_candidates_ref, beam_update_ref, conv_glu_ref, conv_padding, conv_step_ref, decoder_step_ref,
-                  linear_int8_ref, linear_ref, quantize_int8, search_rules_ref, source_key_mask)
+                  linear_int8_ref, linear_ref, linear_w8a8_ref, quantize_int8, quantize_rows_int8, search_rules_ref,
+                  source_key_mask)
 
 __all__ = [
     "conv_padding",
@@ -18,6 +19,8 @@ __all__ = [
     "quantize_int8",
     "linear_ref",
     "linear_int8_ref",
+    "quantize_rows_int8",
+    "linear_w8a8_ref",
     "decoder_step_ref",
     "beam_candidates_ref",
     "search_rules_ref",

@@ -80,6 +80,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_int8", &convs2s::small_gemm_int8,
         "x @ (qweight * scale[:, None]).T + bias: float32 x, int8 (N, K) weight with a float32 scale per row",
         py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"));
+  m.def("linear_w8a8", &convs2s::linear_w8a8,
+        "x quantised per row to int8, times qweight (N, K) int8 with a float32 scale per row, plus bias",
+        py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"));
+  m.def("linear_w8a8_with", &convs2s::linear_w8a8_with,
+        "linear_w8a8 on a named VNNI kernel (packed 1: packed blocks, 0: reducing, -1: by rows and K; for measuring)",
+        py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"), py::arg("packed"));
+  m.def("linear_w8a8_isa", &convs2s::linear_w8a8_isa, "the kernel linear_w8a8 runs on this CPU");
   m.def("decoder_layers_step", &convs2s::decoder_layers_step,
         "every decoder layer of one step (folded attention) in one call: (x, attn or None, *new_states)");
   m.def("small_gemm_isa", &convs2s::small_gemm_isa, "instruction set of the few-row kernels on this CPU");

@@ -16,7 +16,7 @@ std::vector<at::Tensor> decoder_layers_step(
     const std::vector<c10::optional<at::Tensor>>& proj_scale, const std::vector<c10::optional<at::Tensor>>& proj_b,
     const std::vector<c10::optional<at::Tensor>>& z_in, const std::vector<c10::optional<at::Tensor>>& z_bias,
     const std::vector<c10::optional<at::Tensor>>& y_out, const std::vector<c10::optional<at::Tensor>>& b_out,
-    const at::Tensor& pad_mask, const at::Tensor& src_scale, bool need_attn);
+    const at::Tensor& pad_mask, const at::Tensor& src_scale, bool need_attn, const std::vector<bool>& int8_activations);
 std::vector<at::Tensor> beam_candidates(const at::Tensor& logits, const c10::optional<at::Tensor>& prev_scores,
                                         int64_t beam, int64_t step, int64_t max_len, int64_t min_len, double unkpen,
                                         const c10::optional<at::Tensor>& forced_len,
@@ -39,6 +39,15 @@ std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& 
 std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tensor& x, const at::Tensor& weight,
                                           const at::Tensor& pre, const c10::optional<at::Tensor>& pad_mask,
                                           bool causal, double scale, bool need_residual_grad);
+// x (M, K) float32 quantised per row, times qweight (N, K) int8 with scale (N,): linear_w8a8_cpu.cpp.
+at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                       const c10::optional<at::Tensor>& bias);
+// The same with the VNNI kernel named (packed: 1 the packed-block kernel, 0 the reducing one, -1
+// by rows and K); other instruction sets have one kernel and ignore it. For tests and measuring.
+at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                            const c10::optional<at::Tensor>& bias, int64_t packed);
+// "avx512-vnni", "avx2" or "baseline": the kernel linear_w8a8 runs on this CPU.
+const char* linear_w8a8_isa();
 std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& z, const at::Tensor& y,
                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad);
 std::vector<at::Tensor> attention_backward(const at::Tensor& dctx, const at::Tensor& q, const at::Tensor& z,

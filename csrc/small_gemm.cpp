@@ -11,14 +11,13 @@
 
 #include "small_gemm.h"
 #include "common.h"
+#include "isa.h"
 #include "kernel_choice.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 
 namespace convs2s {
 
@@ -230,29 +229,7 @@ CONVS2S_DEFINE_VARIANT(avx2, __attribute__((target("avx2,fma"))), v8, 6, 2, 4, 2
 #endif
 CONVS2S_DEFINE_VARIANT(base, , v8, 2, 2, 2, 2)
 
-enum class Isa { avx512, avx2, base };
-
-// The best instruction set this CPU has, capped by CONVS2S_KERNELS_ISA (avx512 | avx2 | baseline):
-// with oneDNN's and MKL's own caps, an AVX-512 machine then reproduces an AVX2-only one.
-Isa detect_isa() {
-  Isa best = Isa::base;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) {
-    best = Isa::avx512;
-  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    best = Isa::avx2;
-  }
-#endif
-  const char* cap = std::getenv("CONVS2S_KERNELS_ISA");
-  if (cap == nullptr) return best;
-  const std::string want(cap);
-  if (want == "baseline") return Isa::base;
-  if (want == "avx2") return best == Isa::avx512 ? Isa::avx2 : best;
-  return best;  // "avx512" (or a value the Python side has already rejected): no cap
-}
-
-const Isa kIsa = detect_isa();
+const Isa kIsa = kernel_isa();
 
 // Column blocks of 64 per task: every thread streams whole 256-byte pieces of each weight row.
 constexpr int64_t kBlock = 64;

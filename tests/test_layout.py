@@ -17,7 +17,7 @@ from convs2s_kernels.ops import TRITON_OPS
 REPO = Path(__file__).resolve().parent.parent
 OUTSIDE_KERNELS = ["convs2s", "bench", "tests", "examples", "scripts"]
 PACKAGES = ["convs2s", "convs2s_kernels", "bench/convs2s_bench"]
-OPS = ["conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8", "decoder_step", "beam_candidates", "beam_update"]
+OPS = ["conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8", "linear_w8a8", "decoder_step", "beam_candidates", "beam_update"]
 MAX_FUNCTION_LINES = 60
 
 

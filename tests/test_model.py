@@ -274,6 +274,11 @@ def test_backend_none_means_the_dispatchers_default_in_layers_as_in_the_ops(monk
         assert torch.equal(lin(x), plain) and not counts
         lin(x, None)
         conv.step(x_t, state, None, None)
+        assert counts == {("linear_w8a8", "reference"): 2}, "int8 activations by default"
+        counts.clear()
+        lin.int8_activations = conv.int8_activations = False  # weight-only int8
+        lin(x, None)
+        conv.step(x_t, state, None, None)
         assert counts == {("linear_int8", "reference"): 2}
 
 
@@ -297,13 +302,14 @@ def test_package_works_without_the_extension(tmp_path):
     assert res.stdout.startswith("OK")
 
 
-def test_int8_decoding_is_close_to_fp32_and_equal_across_backends():
+@pytest.mark.parametrize("activations", ["int8", "float"])
+def test_int8_decoding_is_close_to_fp32_and_equal_across_backends(activations):
     model = small("fconv_iwslt_de_en")
     src, prev = random_batch(2, 6, 5, lengths=[6, 3])
     fp32, _ = step_logits(model, src, prev)
     with torch.no_grad():
         full_before, _ = model(src, None, prev)
-    model.quantize_decoder_int8()
+    model.quantize_decoder_int8(activations=activations)
     with torch.no_grad():
         full_after, _ = model(src, None, prev)
     assert torch.equal(full_before, full_after), "int8 is for decoding steps only: the full forward is untouched"
@@ -323,9 +329,11 @@ def test_int8_decoding_is_close_to_fp32_and_equal_across_backends():
     model.quantize_decoder_int8(False)
     again, _ = step_logits(model, src, prev)
     assert torch.equal(again, fp32), "turning int8 off restores the float32 weights exactly"
+    with pytest.raises(ValueError, match="activations must be 'int8' or 'float', got 'fp8'"):
+        model.quantize_decoder_int8(activations="fp8")
 
 
-@pytest.mark.parametrize("variant", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("variant", ["fp32", "bf16", "int8", "int8-weights-only"])
 def test_one_call_decoder_step_equals_the_layer_loop(variant):
     """The layers of a step in one C++ call give the Python loop's results exactly, through beam
     reorders and finished sentences leaving the batch."""
@@ -333,7 +341,7 @@ def test_one_call_decoder_step_equals_the_layer_loop(variant):
     model = small("custom", **CUSTOM).use_backend("cpp")
     if variant == "bf16":
         model.to(torch.bfloat16)
-    model.quantize_decoder_int8(variant == "int8")
+    model.quantize_decoder_int8(variant.startswith("int8"), activations="float" if "only" in variant else "int8")
     sources = [[5, 9, 11, 7], [13, 6, 8, 4], [20, 21, 22, 23], [30, 5, 6, 9]]
     runs = {}
     for one_call in (True, False):

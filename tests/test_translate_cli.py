@@ -128,10 +128,11 @@ def test_translate_int8_equals_generate_with_int8_weights(fixture_dir, tmp_path)
     src, out_file = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n".join(lines) + "\n")
     ckpt = str(fixture_dir / "checkpoint.pt")
-    assert main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(src), "--output", str(out_file),
-                 "--beam", "2", "--max-len-b", "5", "--int8", "--fold-attention"]) == 0
     model, src_dict, tgt_dict = convs2s.load_fairseq(ckpt)
-    model.quantize_decoder_int8()
     ids = [src_dict.encode(l.split()) for l in lines]
-    hyps = convs2s.generate(model, ids, beam=2, max_len_b=5, fold_attention=True)
-    assert out_file.read_text().split("\n")[:-1] == [tgt_dict.string(h[0]["tokens"]) for h in hyps]
+    for flag, activations in (("--int8", "int8"), ("--int8-weights-only", "float")):
+        assert main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(src), "--output", str(out_file),
+                     "--beam", "2", "--max-len-b", "5", flag, "--fold-attention"]) == 0
+        model.quantize_decoder_int8(activations=activations)
+        hyps = convs2s.generate(model, ids, beam=2, max_len_b=5, fold_attention=True)
+        assert out_file.read_text().split("\n")[:-1] == [tgt_dict.string(h[0]["tokens"]) for h in hyps], flag

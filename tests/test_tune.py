@@ -116,6 +116,8 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     assert names[0] == "nk:float32:256x256" and names[-1] == "nk:float32:256x60"  # fc1 ... fc3
     assert "kn:float32:768x512" in names  # a 256-channel convolution of width 3: (3 * 256, 2 * 256)
     model.quantize_decoder_int8()
+    assert step_weight_shapes(model.decoder) == [], "int8 activations: linear_w8a8 has no kernel choice"
+    model.quantize_decoder_int8(activations="float")
     int8 = [s.name for s in step_weight_shapes(model.decoder)]
     assert "nk:int8:768x512" in int8 and all(":int8:" in n for n in int8)
     asked = []

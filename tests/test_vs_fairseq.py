@@ -81,18 +81,21 @@ def test_vs_fairseq_times_both_and_checks_the_outputs(fixture_dir, stand_in, tmp
     assert "| fairseq-cached | 3 |" in out and f"{len(sentences)}/{len(sentences)}" in out
 
 
-def test_vs_fairseq_with_int8_times_a_fourth_system(fixture_dir, stand_in):
-    """``--int8``: convs2s with int8 decoder weights beside the fp32 run, its outputs held against
-    fairseq's; the model is back in float32 afterwards."""
+def test_vs_fairseq_with_int8_times_two_more_systems(fixture_dir, stand_in):
+    """``--int8`` / ``--int8-weights-only``: convs2s with int8 decoder weights (and int8 or float
+    activations) beside the fp32 run, their outputs held against fairseq's; the model is back in
+    float32 afterwards."""
     python, _ = stand_in
     result = compare(fairseq_python=str(python), checkpoint=str(fixture_dir / "checkpoint.pt"), dicts=None,
-                     input_ids=str(fixture_dir / "source.ids"), beams=[2], int8=True, log=lambda m: None)
+                     input_ids=str(fixture_dir / "source.ids"), beams=[2], int8=True, int8_weights_only=True,
+                     log=lambda m: None)
     rows = {r["system"]: r for r in result["rows"]}
-    assert list(rows) == ["fairseq", "fairseq-cached", "convs2s", "convs2s-int8"]
-    a = rows["convs2s-int8"]["agreement_with_fairseq"]
-    assert a["sentences"] == len(read_ids(str(fixture_dir / "source.ids"))) and 0 <= a["top1_identical"] <= a["sentences"]
-    assert rows["convs2s-int8"]["convs2s_speedup"] == pytest.approx(
-        rows["convs2s-int8"]["seconds"] / rows["convs2s"]["seconds"])
+    assert list(rows) == ["fairseq", "fairseq-cached", "convs2s", "convs2s-int8", "convs2s-int8w"]
+    for system in ("convs2s-int8", "convs2s-int8w"):
+        a = rows[system]["agreement_with_fairseq"]
+        assert a["sentences"] == len(read_ids(str(fixture_dir / "source.ids")))
+        assert 0 <= a["top1_identical"] <= a["sentences"]
+        assert rows[system]["convs2s_speedup"] == pytest.approx(rows[system]["seconds"] / rows["convs2s"]["seconds"])
 
 
 def test_vs_fairseq_reports_disagreement(fixture_dir, stand_in, monkeypatch):

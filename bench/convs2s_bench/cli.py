@@ -78,7 +78,8 @@ def vs_fairseq(args) -> int:
     config = Config(args.backend, args.decoder, "fp32") if args.backend else None
     result = _reported_as(VsFairseqError, lambda: compare(
         fairseq_python=args.fairseq_python, checkpoint=args.checkpoint, dicts=args.dicts, input_ids=args.input,
-        beams=args.beams, repeats=args.repeats, batch_size=args.batch_size, config=config, int8=args.int8, log=_log))
+        beams=args.beams, repeats=args.repeats, batch_size=args.batch_size, config=config, int8=args.int8,
+        int8_weights_only=args.int8_weights_only, log=_log))
     print(format_result(result))
     if args.json:
         atomic_write_text(args.json, json.dumps(result, indent=1))

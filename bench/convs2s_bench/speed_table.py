@@ -33,8 +33,8 @@ from .estimate import (Batch, BatchTiming, TRUNCATED_LENGTH, estimate, full_set_
                        summarise)
 from .flops import generation_flops
 from .roofline import fractions_of_peak
-from .workload import (DECODERS, DTYPES, LENGTH_NOTE, PAPER_ROWS, PAPER_SENTENCES, PEAK_OF, REFERENCE, SUBSET_SEED,
-                       Config, fastest_config, forced_lengths, hashed_ids, random_sentences, subset_order,
+from .workload import (DECODERS, DTYPES, INT8_ACTIVATIONS, LENGTH_NOTE, PAPER_ROWS, PAPER_SENTENCES, PEAK_OF,
+                       REFERENCE, SUBSET_SEED, Config, fastest_config, forced_lengths, hashed_ids, random_sentences, subset_order,
                        synthetic_lengths)
 
 
@@ -99,7 +99,8 @@ class Models:
         if config.dtype not in self.cache:
             model = self.base if config.dtype == "fp32" else copy.deepcopy(self.base)
             model.to(device=self.device, dtype=DTYPES[config.dtype])
-            model.quantize_decoder_int8(config.dtype == "int8")
+            model.quantize_decoder_int8(config.dtype in INT8_ACTIVATIONS,
+                                        activations=INT8_ACTIVATIONS.get(config.dtype, "int8"))
             self.cache[config.dtype] = model
         return self.cache[config.dtype].use_backend(config.backend)
 
@@ -492,7 +493,8 @@ def _header(result: dict) -> List[str]:
             f"{k[len('gemm_gflops_'):]} {v:.0f} GFLOP/s" for k, v in machine.items() if k.startswith("gemm_gflops_"))
         + (f"; copy {machine['copy_gbps']:.1f} GB/s" if "copy_gbps" in machine else "")
         + ". GFLOP/s count the plain decoder's work for every row; speedups are over the reference backend's "
-          "plain decoder in the same dtype, and in fp32 (int8: fp32 activations, int8 decoder weights).",
+          "plain decoder in the same dtype, and in fp32 (int8: int8 decoder weights and activations; "
+          "int8w: int8 decoder weights, fp32 activations).",
     ]
 
 

@@ -62,9 +62,11 @@ PAPER_SENTENCES = 6003
 SUBSET_SEED = 2017  # the fixed shuffled order --sentences N cuts its subset from
 
 # the model's dtype per configuration; "int8" is the float32 model decoding with int8 decoder
-# weights (ConvS2SModel.quantize_decoder_int8), held against the float32 GEMM peak
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
-PEAK_OF = {"fp32": "fp32", "bf16": "bf16", "int8": "fp32"}
+# weights and activations, "int8w" with int8 weights and float32 activations
+# (ConvS2SModel.quantize_decoder_int8), both held against the float32 GEMM peak
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32, "int8w": torch.float32}
+PEAK_OF = {"fp32": "fp32", "bf16": "bf16", "int8": "fp32", "int8w": "fp32"}
+INT8_ACTIVATIONS = {"int8": "int8", "int8w": "float"}
 DECODERS = ("plain", "folded")  # folded: attention projections precomputed per sentence (exact)
 
 
@@ -88,9 +90,8 @@ def fastest_config(device: torch.device, available: Dict[str, Optional[str]]) ->
     """The fastest configuration this machine supports, by rule (measured in bench/results/):
     the native backend with the folded decoder; bf16 only where the CPU computes it natively
     (AVX512-BF16 / AMX; elsewhere bf16 is widened to float32 and loses to fp32); int8 is not
-    taken: its kernels stream a quarter of the bytes but widen every weight to float32 FMAs, so it
-    wins only at a few rows a step, and the full set's batches are mostly far larger (more than 64
-    rows dequantise the weight per call)."""
+    taken by default: it changes the model's numbers (its BLEU cost is measured in
+    bench/results/), so it is asked for (``--dtype int8``)."""
     from convs2s_kernels.env import native_bf16
 
     if device.type == "cuda":

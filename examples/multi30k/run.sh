@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Multi30k (task 1) En->De with the paper's recipe on a CPU, then BLEU on test_2016_flickr.
+# Multi30k (task 1) En->De (or De->En) with the paper's recipe on a CPU, then BLEU on test_2016_flickr.
 #
 #   bash examples/multi30k/run.sh [WORK_DIR]
 #
 # MULTI30K points at a folder with {train,val,test_2016_flickr}.{en,de}.gz; by default the
 # project's ../shared copy, else the files are fetched with `convs2s data multi30k`.
 # TRAIN_MINUTES (default 90) bounds the training time; snapshots are kept at 30 and 60 minutes.
+# SRC / TGT (default en / de) pick the direction, e.g. SRC=de TGT=en.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 work="${1:-runs/multi30k}"
 minutes="${TRAIN_MINUTES:-90}"
+src="${SRC:-en}"
+tgt="${TGT:-de}"
 data="${MULTI30K:-$here/../../../shared/data/multi30k}"
 if [ ! -f "$data/train.en.gz" ]; then
     data="$work/raw"
@@ -19,7 +22,7 @@ mkdir -p "$work"
 
 # Joint 8K sentencepiece BPE; Multi30k is clean, so no length-ratio filter (--max-ratio 0).
 [ -f "$work/bin/meta.json" ] || python3 -m convs2s data prepare --train "$data/train" --valid "$data/val" \
-    -s en -t de --out "$work/bin" --bpe-size 8000 --max-ratio 0
+    -s "$src" -t "$tgt" --out "$work/bin" --bpe-size 8000 --max-ratio 0
 
 # fairseq's IWSLT fconv recipe: NAG lr 0.25 momentum 0.99, clip 0.1, dropout 0.2, label smoothing
 # 0.1, 4000-token batches; lr / 10 on every validation plateau; bf16 autocast where this machine
@@ -31,7 +34,7 @@ python3 -m convs2s train "$work/bin" --save-dir "$work/ckpt" --arch fconv_iwslt_
 for ckpt in checkpoint_30min checkpoint_60min checkpoint_last checkpoint_best; do
     [ -f "$work/ckpt/$ckpt.pt" ] || continue
     python3 -m convs2s generate --fairseq-checkpoint "$work/ckpt/$ckpt.pt" --spm "$work/ckpt/spm.model" \
-        --input "$data/test_2016_flickr.en.gz" --reference "$data/test_2016_flickr.de.gz" \
+        --input "$data/test_2016_flickr.$src.gz" --reference "$data/test_2016_flickr.$tgt.gz" \
         --beam 5 --batch-size 128 > "$work/$ckpt.test_2016_flickr.out"
     echo "$ckpt: $(tail -n 1 "$work/$ckpt.test_2016_flickr.out")"
 done

@@ -1,5 +1,5 @@
 """``decoder_step``: the one-call step of every decoder layer against its reference (the Python
-loop over the other ops' references): float and int8 layers, projected and plain residuals,
+loop over the other ops' references): float and int8 layers (float or int8 activations), projected and plain residuals,
 layers with and without attention, padded sources, repeated beam parents; and the input errors."""
 
 import math
@@ -34,7 +34,7 @@ def step_layer(c_in, c_out, k, residual, attention, B, S, int8, dtype, c_prev):
         att = ck.StepAttention(*(torch.randn(B, S, c_out, dtype=dtype) / math.sqrt(c_out) for _ in range(1)),
                                torch.randn(B, S, dtype=dtype), torch.randn(B, S, c_out, dtype=dtype),
                                (0.1 * torch.randn(c_out)).to(dtype))
-    return ck.StepLayer(w, b, scale, residual, attention=att, **proj)
+    return ck.StepLayer(w, b, scale, residual, attention=att, int8_activations=int8 == "w8a8", **proj)
 
 
 def make_step(B, beam, S, int8=False, dtype=torch.float32):
@@ -51,8 +51,9 @@ def make_step(B, beam, S, int8=False, dtype=torch.float32):
     return x, states, layers, emb_scores, pad_mask, lengths
 
 
-@pytest.mark.parametrize("int8,dtype", [(False, torch.float32), (False, torch.bfloat16), (True, torch.float32)],
-                         ids=["fp32", "bf16", "int8_weights"])  # int8 weights take fp32 activations
+@pytest.mark.parametrize("int8,dtype", [(False, torch.float32), (False, torch.bfloat16), (True, torch.float32),
+                                        ("w8a8", torch.float32)],
+                         ids=["fp32", "bf16", "int8_weights", "w8a8"])  # int8 weights take fp32 activations
 @pytest.mark.parametrize("B,beam,S", [(1, 1, 1), (2, 3, 5), (3, 2, 9)])
 @pytest.mark.parametrize("need_attn", [True, False], ids=["attn", "no_attn"])
 @torch.no_grad()

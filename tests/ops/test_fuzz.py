@@ -85,6 +85,13 @@ def linear_int8_case(rng, dtype):
     return (x, q, s.to(dtype), b), {}
 
 
+def linear_w8a8_case(rng, dtype):
+    rows, K, N = rng.randint(1, 80), rng.randint(1, 700), rng.randint(1, 300)
+    q, s = ck.quantize_int8(torch.randn(N, K) / math.sqrt(K))
+    bias = torch.randn(N) if rng.random() < 0.7 else None
+    return (scramble(torch.randn(rows, K) * rng.choice([1e-3, 1.0, 50.0]), rng), q, s, bias), {}
+
+
 def decoder_step_case(rng, dtype):
     B, beam, S = rng.randint(1, 3), rng.randint(1, 4), rng.randint(1, 9)
     x, states, layers, emb, pad, lengths = make_step(B, beam, S, int8=dtype == torch.float32 and rng.random() < 0.3,
@@ -106,10 +113,12 @@ def beam_candidates_case(rng, dtype):
 
 
 CASES = {"conv_glu": conv_glu_case, "attention_embsum": attention_case, "conv_step": conv_step_case,
-         "linear": linear_case, "linear_int8": linear_int8_case, "decoder_step": decoder_step_case,
+         "linear": linear_case, "linear_int8": linear_int8_case, "linear_w8a8": linear_w8a8_case,
+         "decoder_step": decoder_step_case,
          "beam_candidates": beam_candidates_case}
 REFERENCES = {"conv_glu": ck.conv_glu_ref, "attention_embsum": ck.attention_embsum_ref, "conv_step": ck.conv_step_ref,
-              "linear": ck.linear_ref, "linear_int8": ck.linear_int8_ref, "decoder_step": ck.decoder_step_ref,
+              "linear": ck.linear_ref, "linear_int8": ck.linear_int8_ref, "linear_w8a8": ck.linear_w8a8_ref,
+              "decoder_step": ck.decoder_step_ref,
               "beam_candidates": ck.beam_candidates_ref}
 
 
@@ -144,7 +153,7 @@ def test_fuzz_against_reference(op, backend):
     torch.manual_seed(rng.randrange(2 ** 31))
     tried, ran, deadline = 0, 0, time.monotonic() + SECONDS
     while tried < MAX_CASES and (time.monotonic() < deadline or tried < MIN_CASES):
-        dtype = rng.choice([torch.float32, torch.float64] if op not in ("linear", "decoder_step", "beam_candidates")
+        dtype = rng.choice([torch.float32, torch.float64] if op not in ("linear", "linear_w8a8", "decoder_step", "beam_candidates")
                            else [torch.float32])
         args, kwargs = CASES[op](rng, dtype)
         tried += 1

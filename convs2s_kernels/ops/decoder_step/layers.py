@@ -30,6 +30,8 @@ class StepLayer:
     ``(2C, k*C_in)`` from :func:`convs2s_kernels.quantize_int8`. ``residual`` is how many layers
     back the residual comes from (0: none), projected by ``proj_weight (C, C_res)`` (int8 with
     ``proj_scale``) when the widths differ. ``attention`` is None for a layer without one.
+    ``int8_activations``: the int8 products quantise their inputs per row too (``linear_w8a8``)
+    instead of keeping them float32 (``linear_int8``).
     """
 
     conv_weight: torch.Tensor
@@ -40,3 +42,4 @@ class StepLayer:
     proj_bias: Optional[torch.Tensor] = None
     proj_scale: Optional[torch.Tensor] = None
     attention: Optional[StepAttention] = None
+    int8_activations: bool = False

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from ..conv_step.reference import conv_step_ref
 from ..linear_int8.reference import linear_int8_ref
+from ..linear_w8a8.reference import linear_w8a8_ref
 from .layers import StepLayer
 
 __all__ = ["decoder_step_ref"]
@@ -18,8 +19,10 @@ __all__ = ["decoder_step_ref"]
 SQRT_HALF = math.sqrt(0.5)
 
 
-def _linear(x, weight, scale, bias):
-    return F.linear(x, weight, bias) if scale is None else linear_int8_ref(x, weight, scale, bias)
+def _linear(x, weight, scale, bias, int8_activations=False):
+    if scale is None:
+        return F.linear(x, weight, bias)
+    return (linear_w8a8_ref if int8_activations else linear_int8_ref)(x, weight, scale, bias)
 
 
 def _conv(x, state, layer: StepLayer, beam_index):
@@ -28,7 +31,7 @@ def _conv(x, state, layer: StepLayer, beam_index):
     if beam_index is not None:  # int8 rows (2C, k*C_in): the same gather, shift and append
         state = state.index_select(0, beam_index)
     window = torch.cat([state, x.unsqueeze(1)], dim=1)
-    pre = linear_int8_ref(window.flatten(1), layer.conv_weight, layer.conv_scale, layer.conv_bias)
+    pre = _linear(window.flatten(1), layer.conv_weight, layer.conv_scale, layer.conv_bias, layer.int8_activations)
     return F.glu(pre, dim=-1), window[:, 1:]
 
 
@@ -61,7 +64,7 @@ def decoder_step_ref(x: torch.Tensor, states: Sequence[torch.Tensor], layers: Se
         if layer.residual > 0:
             res = residuals[-layer.residual]
             if layer.proj_weight is not None:
-                res = _linear(res, layer.proj_weight, layer.proj_scale, layer.proj_bias)
+                res = _linear(res, layer.proj_weight, layer.proj_scale, layer.proj_bias, layer.int8_activations)
         x, new_state = _conv(x, state, layer, beam_index)
         new_states.append(new_state)
         if layer.attention is not None:

@@ -9,20 +9,11 @@ import torch
 from ..._checks import check_shape, check_tensor
 from ...dispatch import resolve
 
-__all__ = ["linear_int8", "linear_int8_tensors"]
+__all__ = ["linear_int8", "linear_int8_tensors", "check_int8_linear_args"]
 
 
-def linear_int8_tensors(x, qweight, scale, bias=None):
-    """The floating tensors of a call, the activation first (for the backends' capabilities)."""
-    return x, scale, bias
-
-
-def linear_int8(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                *, backend: Optional[str] = None) -> torch.Tensor:
-    """``x @ (qweight * scale[:, None]).T + bias``: weight-only int8 for the decoding step, where
-    streaming the weights bounds the time (a quarter of float32's bytes; activations and sums stay
-    in ``x``'s dtype). ``x (..., K)``, ``qweight (N, K)`` int8 and ``scale (N,)`` from
-    :func:`convs2s_kernels.quantize_int8`, ``bias (N,)``. See :func:`convs2s_kernels.linear_int8_ref`."""
+def check_int8_linear_args(x, qweight, scale, bias) -> None:
+    """The checks of a linear op with an int8 weight (``linear_int8``, ``linear_w8a8``)."""
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
         raise TypeError("x must be a tensor of shape (..., K)")
     check_tensor("x", x, x.dim())
@@ -40,5 +31,19 @@ def linear_int8(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
     for name, t in (("qweight", qweight), ("scale", scale), ("bias", bias)):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+def linear_int8_tensors(x, qweight, scale, bias=None):
+    """The floating tensors of a call, the activation first (for the backends' capabilities)."""
+    return x, scale, bias
+
+
+def linear_int8(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                *, backend: Optional[str] = None) -> torch.Tensor:
+    """``x @ (qweight * scale[:, None]).T + bias``: weight-only int8 for the decoding step, where
+    streaming the weights bounds the time (a quarter of float32's bytes; activations and sums stay
+    in ``x``'s dtype). ``x (..., K)``, ``qweight (N, K)`` int8 and ``scale (N,)`` from
+    :func:`convs2s_kernels.quantize_int8`, ``bias (N,)``. See :func:`convs2s_kernels.linear_int8_ref`."""
+    check_int8_linear_args(x, qweight, scale, bias)
     fn = resolve("linear_int8", x.device, backend, x, qweight, scale, bias)
     return fn(x, qweight, scale, bias)

@@ -1,0 +1,394 @@
+// int8 x int8 matrix products for decoding: y = (xq @ qweight^T) * sx[m] * scale[n] + b[n], where
+// xq is each row of x quantised on the fly (symmetric, one scale per row) and qweight the
+// per-output-row int8 weight of quantize_int8.
+//
+// The weight-only int8 kernels (small_gemm.cpp) widen every weight to float32 once per row tile,
+// which costs more than the bytes it saves once a step has ten rows or more. Here both operands
+// stay 8-bit and the CPU's integer dot products do the work: AVX-512 VNNI's vpdpbusd (64
+// multiply-adds into 16 int32 lanes, one instruction), or AVX2's vpmaddubsw + vpmaddwd. The
+// integer sums are exact, so a backend differs from the reference only in the final float
+// rounding.
+//
+// vpdpbusd and vpmaddubsw multiply unsigned by signed bytes:
+// * VNNI: activations are stored as xq + 128 (unsigned) and the excess, 128 * sum_k w[n, k],
+//   is subtracted at the end; the weight sums come from the same pass (one more vpdpbusd per
+//   weight vector, in the first row tile of each column tile only).
+// * AVX2: |xq| times w with x's sign moved onto w (vpsignb), so each pair of products is at most
+//   2 * 127 * 127 < 2^15 and vpmaddubsw's int16 saturation never triggers.
+
+#include "common.h"
+#include "isa.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define CONVS2S_X86 1
+#endif
+
+namespace convs2s {
+
+namespace {
+
+// Activations padded to whole 64-byte vectors (the padding is never multiplied by a real weight:
+// the weight's tail is loaded masked or zero-filled).
+constexpr int64_t kPad = 64;
+
+struct Operands {
+  const int8_t* xq;   // (M, Kp) signed activations
+  const uint8_t* xu;  // (M, Kp) xq + 128 (VNNI) or |xq| (AVX2)
+  int64_t Kp;
+  const int8_t* w;    // (N, K)
+  int64_t N, K;
+  const float* sx;    // (M,) activation scales
+  const float* s;     // (N,) weight scales
+  const float* b;     // (N,) or null
+  float* y;
+  int64_t ldy;
+};
+
+// One output: the exact integer sum, scaled as the reference does (one float32 product of the
+// two scales, then one multiply and one add; the empty asm keeps the compiler from fusing them
+// into an FMA, which would round once instead of twice).
+inline void finish(const Operands& g, int64_t m, int64_t n, int32_t sum) {
+  float v = static_cast<float>(sum) * (g.sx[m] * g.s[n]);
+  asm("" : "+x"(v));
+  g.y[m * g.ldy + n] = g.b ? v + g.b[n] : v;
+}
+
+#ifdef CONVS2S_X86
+// Four outputs of row m from column n on: finish() on four lanes at once (SSE2, any x86-64).
+inline void finish4(const Operands& g, int64_t m, int64_t n, __m128i sums) {
+  const __m128 scale = _mm_mul_ps(_mm_set1_ps(g.sx[m]), _mm_loadu_ps(g.s + n));
+  __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(sums), scale);
+  asm("" : "+x"(v));
+  if (g.b) v = _mm_add_ps(v, _mm_loadu_ps(g.b + n));
+  _mm_storeu_ps(g.y + m * g.ldy + n, v);
+}
+
+// The outputs of row m, columns n .. n + count, from their sums (count <= 4).
+inline void finish_upto4(const Operands& g, int64_t m, int64_t n, int count, __m128i sums) {
+  if (count == 4) return finish4(g, m, n, sums);
+  alignas(16) int32_t s4[4];
+  _mm_store_si128(reinterpret_cast<__m128i*>(s4), sums);
+  for (int i = 0; i < count; ++i) finish(g, m, n + i, s4[i]);
+}
+#endif
+
+// Quantise row m: sx = max|x| / 127 (1 for a row of zeros), xq = round-half-even(x / sx), as
+// quantize_rows_int8 in the reference. The rounding adds and subtracts 1.5 * 2^23, which rounds
+// to nearest-even for |v| <= 127.5 in any vector width (std::nearbyint is a library call here).
+void quantize_row(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, bool vnni, float* sx) {
+  float amax = 0.f;
+  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::abs(x[k]));
+  const float scale = amax / 127.f;
+  const float div = scale > 0.f ? scale : 1.f;
+  *sx = div;
+  constexpr float kMagic = 12582912.f;
+  for (int64_t k = 0; k < K; ++k) {
+    const float r = (x[k] / div + kMagic) - kMagic;  // IEEE arithmetic: never simplified away
+    const int v = std::min(127, std::max(-127, static_cast<int>(r)));
+    q[k] = static_cast<int8_t>(v);
+    u[k] = static_cast<uint8_t>(vnni ? v + 128 : std::abs(v));
+  }
+  std::memset(q + K, 0, Kp - K);
+  std::memset(u + K, vnni ? 128 : 0, Kp - K);
+}
+
+// ---- baseline: plain integer loops ----
+
+void w8a8_base(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* w = g.w + n * g.K;
+    for (int64_t m = 0; m < rows; ++m) {
+      const int8_t* x = g.xq + m * g.Kp;
+      int32_t sum = 0;
+      for (int64_t k = 0; k < g.K; ++k) sum += static_cast<int32_t>(x[k]) * static_cast<int32_t>(w[k]);
+      finish(g, m, n, sum);
+    }
+  }
+}
+
+#ifdef CONVS2S_X86
+
+// CALL with M = min(LEFT, MT) rows as a compile-time constant (MT <= 4).
+#define CONVS2S_TILE_ROWS(LEFT, CALL)                                  \
+  switch (std::min<int64_t>(LEFT, MT)) {                               \
+    case 1: { constexpr int M = 1; CALL; break; }                      \
+    case 2: { constexpr int M = 2 <= MT ? 2 : 1; CALL; break; }        \
+    case 3: { constexpr int M = 3 <= MT ? 3 : 1; CALL; break; }        \
+    default: { constexpr int M = 4 <= MT ? 4 : 1; CALL; break; }       \
+  }
+
+// ---- AVX-512 VNNI: tiles of MT rows x NT weight rows, 64 bytes of K per step ----
+
+#define CONVS2S_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
+
+// The 16 int32 lanes of a folded to 4.
+CONVS2S_VNNI inline __m128i fold4(__m512i a) {
+  const __m256i s = _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+  return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+// [sum a0, sum a1, sum a2, sum a3] of four vectors of int32 lanes.
+CONVS2S_VNNI inline __m128i hsum4(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
+  return _mm_hadd_epi32(_mm_hadd_epi32(fold4(a0), fold4(a1)), _mm_hadd_epi32(fold4(a2), fold4(a3)));
+}
+
+// v[j], or zeros past the tile's NT vectors.
+CONVS2S_VNNI inline __m512i pick(const __m512i* v, int j, int NT) { return j < NT ? v[j] : _mm512_setzero_si512(); }
+
+// Rows [r, r + MT) x weight rows [n, n + NT): MT and NT compile-time, so the accumulators live in registers.
+template <int MT, int NT>
+CONVS2S_VNNI inline void vnni_tile(const Operands& g, int64_t r, int64_t n, int32_t* wsum, bool first) {
+  __m512i acc[MT][NT], ws[NT];
+  for (int j = 0; j < NT; ++j) {
+    ws[j] = _mm512_setzero_si512();
+    for (int m = 0; m < MT; ++m) acc[m][j] = _mm512_setzero_si512();
+  }
+  const __m512i ones = _mm512_set1_epi8(1);
+  const int8_t* w = g.w + n * g.K;
+  const uint8_t* x = g.xu + r * g.Kp;
+  for (int64_t k = 0; k < g.K; k += 64) {
+    const __mmask64 mask = g.K - k >= 64 ? ~__mmask64(0) : (__mmask64(1) << (g.K - k)) - 1;
+    __m512i wv[NT];
+    for (int j = 0; j < NT; ++j) wv[j] = _mm512_maskz_loadu_epi8(mask, w + j * g.K + k);
+    if (first)
+      for (int j = 0; j < NT; ++j) ws[j] = _mm512_dpbusd_epi32(ws[j], ones, wv[j]);
+    for (int m = 0; m < MT; ++m) {
+      const __m512i xv = _mm512_loadu_si512(x + m * g.Kp + k);
+      for (int j = 0; j < NT; ++j) acc[m][j] = _mm512_dpbusd_epi32(acc[m][j], xv, wv[j]);
+    }
+  }
+  if (first)
+    for (int j = 0; j < NT; j += 4)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(wsum + j), hsum4(ws[j], pick(ws, j + 1, NT), pick(ws, j + 2, NT),
+                                                                    pick(ws, j + 3, NT)));
+  for (int m = 0; m < MT; ++m)
+    for (int j = 0; j < NT; j += 4) {
+      const __m128i sums = hsum4(acc[m][j], pick(acc[m], j + 1, NT), pick(acc[m], j + 2, NT), pick(acc[m], j + 3, NT));
+      const __m128i excess = _mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wsum + j)), 7);
+      finish_upto4(g, r + m, n + j, std::min(4, NT - j), _mm_sub_epi32(sums, excess));
+    }
+}
+
+CONVS2S_VNNI void w8a8_vnni(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
+  constexpr int MT = 4, NT = 4;  // 16 accumulators + 4 weight sums + 4 weight vectors of 32 zmm
+  alignas(16) int32_t wsum[4];  // whole vectors: the epilogue reads four lanes whatever NT
+  int64_t n = n0;
+  for (; n + NT <= n1; n += NT)
+    for (int64_t r = 0; r < rows; r += MT) CONVS2S_TILE_ROWS(rows - r, (vnni_tile<M, NT>(g, r, n, wsum, r == 0)));
+  for (; n < n1; ++n)
+    for (int64_t r = 0; r < rows; r += MT) CONVS2S_TILE_ROWS(rows - r, (vnni_tile<M, 1>(g, r, n, wsum, r == 0)));
+}
+
+// ---- AVX-512 VNNI, many rows: each column block packed once so that no sum needs reducing ----
+// With many rows the products are compute-bound and the horizontal sums of the kernel above cost
+// as much as the dot products when K is short (fc3's 512). Here a block of 64 weight rows is
+// first rearranged to [K/4][64][4] bytes (one vector: 4 consecutive k of 16 outputs), then each
+// activation's 4 bytes are broadcast against it: every vpdpbusd adds into 16 distinct outputs.
+
+constexpr int64_t kPackedCols = 64;
+// The packed kernel runs from M >= K / 8 rows (and 16 at least): packing costs a pass of K/4
+// scattered stores per weight row whatever M, the reducing kernel's horizontal sums cost a fixed
+// few instructions per output against its K/64 dot products, so the longer K, the later packing
+// pays (measured on the Xeon of bench/results/xeon-amx-2c: K 256 from ~24 rows, 512 from ~48,
+// 1536 and 3072 beyond 160).
+bool packed_pays(int64_t M, int64_t K) { return M >= 16 && M * 8 >= K; }
+
+// Weight rows [n0, n0 + cols) into buf[k4][c][4] (int32 per k4, c), zero past K and past cols.
+void pack_block(const Operands& g, int64_t n0, int64_t cols, int64_t K4, int32_t* buf) {
+  std::memset(buf, 0, K4 * kPackedCols * sizeof(int32_t));
+  for (int64_t c = 0; c < cols; ++c) {
+    const int8_t* row = g.w + (n0 + c) * g.K;
+    const int64_t whole = g.K / 4;
+    for (int64_t k4 = 0; k4 < whole; ++k4) std::memcpy(buf + k4 * kPackedCols + c, row + 4 * k4, 4);
+    if (whole < K4) std::memcpy(buf + whole * kPackedCols + c, row + 4 * whole, g.K - 4 * whole);
+  }
+}
+
+template <int MT>
+CONVS2S_VNNI inline void packed_tile(const Operands& g, const int32_t* buf, int64_t K4, int64_t r, int64_t n0,
+                                     int64_t cols, __m512i* wsum, bool first) {
+  constexpr int V = kPackedCols / 16;
+  __m512i acc[MT][V], ws[V];
+  for (int v = 0; v < V; ++v) {
+    ws[v] = _mm512_setzero_si512();
+    for (int m = 0; m < MT; ++m) acc[m][v] = _mm512_setzero_si512();
+  }
+  const __m512i ones = _mm512_set1_epi8(1);
+  const uint8_t* x = g.xu + r * g.Kp;
+  for (int64_t k4 = 0; k4 < K4; ++k4) {
+    __m512i wv[V];
+    for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_si512(buf + k4 * kPackedCols + 16 * v);
+    if (first)
+      for (int v = 0; v < V; ++v) ws[v] = _mm512_dpbusd_epi32(ws[v], ones, wv[v]);
+    for (int m = 0; m < MT; ++m) {
+      int32_t four;
+      std::memcpy(&four, x + m * g.Kp + 4 * k4, 4);
+      const __m512i xb = _mm512_set1_epi32(four);
+      for (int v = 0; v < V; ++v) acc[m][v] = _mm512_dpbusd_epi32(acc[m][v], xb, wv[v]);
+    }
+  }
+  if (first)
+    for (int v = 0; v < V; ++v) wsum[v] = _mm512_slli_epi32(ws[v], 7);
+  // the reference's rounding: (float(sum) * (sx * s)), then + b, never fused
+  for (int v = 0; v < V; ++v) {
+    const int64_t n = n0 + 16 * v;
+    const int64_t left = cols - 16 * v;
+    if (left <= 0) break;
+    const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+    const __m512 s = _mm512_maskz_loadu_ps(mask, g.s + n);
+    const __m512 b = g.b ? _mm512_maskz_loadu_ps(mask, g.b + n) : _mm512_setzero_ps();
+    for (int m = 0; m < MT; ++m) {
+      const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(g.sx[r + m]), s);
+      __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][v], wsum[v])), scale);
+      asm("" : "+v"(out));
+      if (g.b) out = _mm512_add_ps(out, b);
+      _mm512_mask_storeu_ps(g.y + (r + m) * g.ldy + n, mask, out);
+    }
+  }
+}
+
+CONVS2S_VNNI void w8a8_vnni_packed(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
+  constexpr int MT = 5;  // 20 accumulators + 4 weight sums + 4 weight vectors + 1 broadcast of 32 zmm
+  const int64_t K4 = (g.K + 3) / 4;
+  std::vector<int32_t> buf(K4 * kPackedCols);
+  __m512i wsum[kPackedCols / 16];
+  for (int64_t n = n0; n < n1; n += kPackedCols) {
+    const int64_t cols = std::min(kPackedCols, n1 - n);
+    pack_block(g, n, cols, K4, buf.data());
+    for (int64_t r = 0; r < rows; r += MT) {
+      const bool first = r == 0;
+      switch (std::min<int64_t>(rows - r, MT)) {
+        case 1: packed_tile<1>(g, buf.data(), K4, r, n, cols, wsum, first); break;
+        case 2: packed_tile<2>(g, buf.data(), K4, r, n, cols, wsum, first); break;
+        case 3: packed_tile<3>(g, buf.data(), K4, r, n, cols, wsum, first); break;
+        case 4: packed_tile<4>(g, buf.data(), K4, r, n, cols, wsum, first); break;
+        default: packed_tile<MT>(g, buf.data(), K4, r, n, cols, wsum, first);
+      }
+    }
+  }
+}
+
+// ---- AVX2: vpsignb + vpmaddubsw + vpmaddwd, 32 bytes of K per step ----
+
+#define CONVS2S_AVX2 __attribute__((target("avx2,fma")))
+
+CONVS2S_AVX2 inline __m128i hsum4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// 32 bytes of a weight row from k on, zero past K (the row's end may be the buffer's end).
+CONVS2S_AVX2 inline __m256i load_weight(const int8_t* w, int64_t k, int64_t K) {
+  if (K - k >= 32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k));
+  alignas(32) int8_t tail[32] = {};
+  std::memcpy(tail, w + k, K - k);
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
+}
+
+CONVS2S_AVX2 inline __m256i pick(const __m256i* v, int j, int NT) { return j < NT ? v[j] : _mm256_setzero_si256(); }
+
+template <int MT, int NT>
+CONVS2S_AVX2 inline void avx2_tile(const Operands& g, int64_t r, int64_t n) {
+  __m256i acc[MT][NT];
+  for (int m = 0; m < MT; ++m)
+    for (int j = 0; j < NT; ++j) acc[m][j] = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int8_t* w = g.w + n * g.K;
+  for (int64_t k = 0; k < g.K; k += 32) {
+    __m256i wv[NT];
+    for (int j = 0; j < NT; ++j) wv[j] = load_weight(w + j * g.K, k, g.K);
+    for (int m = 0; m < MT; ++m) {
+      const int64_t off = (r + m) * g.Kp + k;
+      const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.xq + off));
+      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.xu + off));
+      for (int j = 0; j < NT; ++j) {
+        const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv[j], xs));
+        acc[m][j] = _mm256_add_epi32(acc[m][j], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int j = 0; j < NT; j += 4)
+      finish_upto4(g, r + m, n + j, std::min(4, NT - j),
+                   hsum4(acc[m][j], pick(acc[m], j + 1, NT), pick(acc[m], j + 2, NT), pick(acc[m], j + 3, NT)));
+}
+
+CONVS2S_AVX2 void w8a8_avx2(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
+  constexpr int MT = 2, NT = 4;  // 8 accumulators + 4 weight vectors + 2 activations + ones of 16 ymm
+  int64_t n = n0;
+  for (; n + NT <= n1; n += NT)
+    for (int64_t r = 0; r < rows; r += MT) CONVS2S_TILE_ROWS(rows - r, (avx2_tile<M, NT>(g, r, n)));
+  for (; n < n1; ++n)
+    for (int64_t r = 0; r < rows; r += MT) CONVS2S_TILE_ROWS(rows - r, (avx2_tile<M, 1>(g, r, n)));
+}
+
+#endif  // CONVS2S_X86
+
+// Columns per task: whole 64-row blocks of the weight per thread.
+constexpr int64_t kBlock = 64;
+
+}  // namespace
+
+const char* linear_w8a8_isa() {
+  if (kernel_has_vnni()) return "avx512-vnni";
+#ifdef CONVS2S_X86
+  if (kernel_isa() != Isa::base) return "avx2";
+#endif
+  return "baseline";
+}
+
+at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                            const c10::optional<at::Tensor>& bias, int64_t packed) {
+  CONVS2S_CHECK_CPU(x);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "linear_w8a8: x must be float32 (M, K)");
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kChar, "linear_w8a8: qweight must be int8 (N, K)");
+  TORCH_CHECK(qweight.size(1) == x.size(1), "linear_w8a8: qweight has ", qweight.size(1), " input features but x has ",
+              x.size(1));
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == qweight.size(0) && scale.scalar_type() == at::kFloat,
+              "linear_w8a8: scale must be float32 (N,)");
+  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == qweight.size(0)),
+              "linear_w8a8: bias must be (N,)");
+  RECORD_FUNCTION("convs2s::linear_w8a8", std::vector<c10::IValue>());
+  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
+  TORCH_CHECK(K <= 65536, "linear_w8a8: at most 65536 input features (int32 sums), got ", K);
+  at::Tensor y = new_output({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  const at::Tensor xc = x.contiguous(), qc = qweight.contiguous(), sc = scale.contiguous();
+  const at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  const bool vnni = kernel_has_vnni();
+  const int64_t Kp = (K + kPad - 1) / kPad * kPad + kPad;  // one spare vector: full loads never leave the buffer
+  std::vector<int8_t> xq(M * Kp);
+  std::vector<uint8_t> xu(M * Kp);
+  std::vector<float> sx(M);
+  const float* xp = xc.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, &xq[m * Kp], &xu[m * Kp], Kp, vnni, &sx[m]);
+  const Operands g{xq.data(), xu.data(), Kp, qc.data_ptr<int8_t>(), N, K, sx.data(), sc.data_ptr<float>(),
+                   bf.defined() ? bf.data_ptr<float>() : nullptr, y.data_ptr<float>(), N};
+  const Isa isa = kernel_isa();
+  const bool use_packed = packed < 0 ? packed_pays(M, K) : packed > 0;
+  at::parallel_for(0, N, kBlock, [&](int64_t n0, int64_t n1) {
+#ifdef CONVS2S_X86
+    if (vnni) return use_packed ? w8a8_vnni_packed(g, M, n0, n1) : w8a8_vnni(g, M, n0, n1);
+    if (isa != Isa::base) return w8a8_avx2(g, M, n0, n1);
+#endif
+    w8a8_base(g, M, n0, n1);
+  });
+  (void)isa;
+  (void)use_packed;
+  return y;
+}
+
+at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                       const c10::optional<at::Tensor>& bias) {
+  return linear_w8a8_with(x, qweight, scale, bias, -1);
+}
+
+}  // namespace convs2s
