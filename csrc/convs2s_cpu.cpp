@@ -84,9 +84,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x quantised per row to int8, times qweight (N, K) int8 with a float32 scale per row, plus bias",
         py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"));
   m.def("linear_w8a8_with", &convs2s::linear_w8a8_with,
-        "linear_w8a8 on a named VNNI kernel (packed 1: packed blocks, 0: reducing, -1: by rows and K; for measuring)",
+        "linear_w8a8 on a named kernel (2: the library's int8 GEMM, 1: VNNI packed blocks, 0: VNNI reducing, -1: "
+        "chosen by rows, K and the library's exactness; for measuring)",
         py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"), py::arg("packed"));
   m.def("linear_w8a8_isa", &convs2s::linear_w8a8_isa, "the kernel linear_w8a8 runs on this CPU");
+  m.def("linear_w8a8_library_exact", &convs2s::linear_w8a8_library_exact,
+        "whether the math library's int8 GEMM sums exactly here (linear_w8a8 then takes it from 10 rows)");
   m.def("decoder_layers_step", &convs2s::decoder_layers_step,
         "every decoder layer of one step (folded attention) in one call: (x, attn or None, *new_states)");
   m.def("small_gemm_isa", &convs2s::small_gemm_isa, "instruction set of the few-row kernels on this CPU");

@@ -42,12 +42,15 @@ std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tens
 // x (M, K) float32 quantised per row, times qweight (N, K) int8 with scale (N,): linear_w8a8_cpu.cpp.
 at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                        const c10::optional<at::Tensor>& bias);
-// The same with the VNNI kernel named (packed: 1 the packed-block kernel, 0 the reducing one, -1
-// by rows and K); other instruction sets have one kernel and ignore it. For tests and measuring.
+// The same on a named kernel (packed: 2 the math library's int8 GEMM, 1 the VNNI packed-block
+// kernel, 0 the VNNI reducing one; -1 by rows, K and whether the library's sums are exact here);
+// without VNNI 0 and 1 both run the one kernel of the instruction set. For tests and measuring.
 at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                             const c10::optional<at::Tensor>& bias, int64_t packed);
-// "avx512-vnni", "avx2" or "baseline": the kernel linear_w8a8 runs on this CPU.
+// "avx512-vnni", "avx2" or "baseline": the kernel linear_w8a8 runs on this CPU (few rows).
 const char* linear_w8a8_isa();
+// Whether the math library's int8 GEMM gives exact sums here (then linear_w8a8 uses it from 10 rows).
+bool linear_w8a8_library_exact();
 std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& z, const at::Tensor& y,
                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad);
 std::vector<at::Tensor> attention_backward(const at::Tensor& dctx, const at::Tensor& q, const at::Tensor& z,

@@ -332,6 +332,55 @@ CONVS2S_AVX2 void w8a8_avx2(const Operands& g, int64_t rows, int64_t n0, int64_t
 
 #endif  // CONVS2S_X86
 
+// ---- many rows: the math library's int8 GEMM, where its sums are exact ----
+// torch._int_mm (oneDNN) multiplies int8 by int8 into int32: with AMX-INT8 or VNNI it beats the
+// kernels above from about ten rows on (3-7x at 32-640 rows on the Xeon of bench/results/
+// xeon-amx-2c). Without VNNI oneDNN multiplies with vpmaddubsw, whose int16 pairs saturate, and
+// its sums are not exact; so it is used only where a probe with saturating values comes out
+// exact (once per process), and the kernels above run elsewhere.
+constexpr int64_t kLibraryMinRows = 10;
+
+bool library_sums_exact() {
+  static const bool exact = [] {
+    const int64_t M = 32, K = 320, N = 72;
+    // |x| = |w| = 127 everywhere, signs varied: every int16 pair of a vpmaddubsw path saturates
+    at::Tensor x = at::empty({M, K}, at::kChar), w = at::empty({N, K}, at::kChar);
+    int8_t* xp = x.data_ptr<int8_t>();
+    int8_t* wp = w.data_ptr<int8_t>();
+    for (int64_t i = 0; i < M * K; ++i) xp[i] = (i % 7 == 3) ? -127 : 127;
+    for (int64_t i = 0; i < N * K; ++i) wp[i] = (i % 5 == 1) ? -127 : 127;
+    at::Tensor sums;
+    try {
+      sums = at::_int_mm(x, w.t()).contiguous();
+    } catch (const std::exception&) {
+      return false;  // no int8 GEMM in this build
+    }
+    const int32_t* sp = sums.data_ptr<int32_t>();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        int64_t want = 0;
+        for (int64_t k = 0; k < K; ++k) want += int64_t(xp[m * K + k]) * int64_t(wp[n * K + k]);
+        if (sp[m * N + n] != want) return false;
+      }
+    return true;
+  }();
+  return exact;
+}
+
+// y from the library's int32 sums (M, N), with finish()'s rounding, rows in parallel.
+void finish_from_sums(const Operands& g, int64_t M, const int32_t* sums) {
+  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      int64_t n = 0;
+#ifdef CONVS2S_X86
+      for (; n + 4 <= g.N; n += 4)
+        finish4(g, m, n, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums + m * g.N + n)));
+#endif
+      for (; n < g.N; ++n) finish(g, m, n, sums[m * g.N + n]);
+    }
+  });
+}
+
 // Columns per task: whole 64-row blocks of the weight per thread.
 constexpr int64_t kBlock = 64;
 
@@ -344,6 +393,8 @@ const char* linear_w8a8_isa() {
 #endif
   return "baseline";
 }
+
+bool linear_w8a8_library_exact() { return library_sums_exact(); }
 
 at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                             const c10::optional<at::Tensor>& bias, int64_t packed) {
@@ -372,6 +423,12 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
   for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, &xq[m * Kp], &xu[m * Kp], Kp, vnni, &sx[m]);
   const Operands g{xq.data(), xu.data(), Kp, qc.data_ptr<int8_t>(), N, K, sx.data(), sc.data_ptr<float>(),
                    bf.defined() ? bf.data_ptr<float>() : nullptr, y.data_ptr<float>(), N};
+  if (packed == 2 || (packed < 0 && M >= kLibraryMinRows && library_sums_exact())) {
+    const at::Tensor xq_rows = at::from_blob(xq.data(), {M, K}, {Kp, 1}, at::kChar).contiguous();
+    const at::Tensor sums = at::_int_mm(xq_rows, qc.t()).contiguous();
+    finish_from_sums(g, M, sums.data_ptr<int32_t>());
+    return y;
+  }
   const Isa isa = kernel_isa();
   const bool use_packed = packed < 0 ? packed_pays(M, K) : packed > 0;
   at::parallel_for(0, N, kBlock, [&](int64_t n0, int64_t n1) {

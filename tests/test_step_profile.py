@@ -26,6 +26,29 @@ def test_bound_counts_every_step_weight_once_and_each_rows_products():
     assert flops == pytest.approx(2 * 3 * n + attention)
 
 
+def test_int8_bound_counts_the_int8_weights_and_their_scales():
+    model = build_model("fconv_iwslt_de_en", 50, 60).fold_weight_norm().eval()
+    fp32_bytes, fp32_flops = step_profile.step_bounds(model, rows=3, src_len=5)
+    model.quantize_decoder_int8()
+    d = model.decoder
+    modules = [d.fc1, *[p for p in d.projections if p is not None], *d.convolutions, d.fc2, d.fc3]
+    n = sum(m.int8_weight()[0].numel() for m in modules)
+    scales = sum(m.int8_weight()[1].numel() for m in modules)
+    bytes_, flops = step_profile.step_bounds(model, rows=3, src_len=5)
+    assert bytes_ == n + 4 * scales and n * 4 == fp32_bytes
+    assert flops == fp32_flops, "the same products, in int8"
+
+
+def test_int8_profile_holds_the_step_against_the_int8_peak(monkeypatch):
+    monkeypatch.setattr(step_profile, "copy_peak_gbps", lambda megabytes: 10.0)
+    monkeypatch.setattr(step_profile, "gemm_peak_gflops", lambda: 100.0)
+    monkeypatch.setattr(step_profile, "int8_gemm_peak_gops", lambda: 400.0)
+    result = step_profile.run("fconv_iwslt_de_en", [2], src_len=5, vocab=64, int8=True)
+    text = step_profile.format_profile(result)
+    assert "int8 decoder weights and activations" in text and "int8 GEMM 400 GOP/s" in text
+    assert result["kernels_isa"] in ("avx512-vnni", "avx2", "baseline", None)
+
+
 def test_profile_table_has_a_line_per_row_count(monkeypatch):
     sizes = []
     monkeypatch.setattr(step_profile, "copy_peak_gbps", lambda megabytes: sizes.append(megabytes) or 10.0)

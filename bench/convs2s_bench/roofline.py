@@ -36,6 +36,18 @@ def gemm_peak_gflops(device="cpu", dtype=torch.float32, n: int = 2048, repeats: 
     return 2.0 * n ** 3 / secs / 1e9
 
 
+def int8_gemm_peak_gops(n: int = 2048, repeats: int = 5) -> float:
+    """Best-of-``repeats`` GOP/s (2 per multiply-add) of an ``n^3`` int8 x int8 -> int32 product on
+    the CPU through the math library (``torch._int_mm``: oneDNN, AMX-INT8 or VNNI where it has
+    them, within ``ONEDNN_MAX_CPU_ISA``)."""
+    device = torch.device("cpu")
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
+    b = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
+    secs = _best_seconds(lambda: torch._int_mm(a, b), device, repeats)
+    return 2.0 * n ** 3 / secs / 1e9
+
+
 def memory_buffer_megabytes(device="cpu") -> int:
     """A buffer size that measures memory, not cache: 256 MB, or twice the CPU's last-level cache
     where that is larger (some server CPUs have 0.5 GB of L3)."""
@@ -65,11 +77,14 @@ def copy_peak_gbps(device="cpu", megabytes: Optional[int] = None, repeats: int =
 
 
 def measure_peaks(device="cpu", dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16),
-                  small: bool = False) -> Dict[str, float]:
-    """``{"gemm_gflops_fp32": ..., "gemm_gflops_bf16": ..., "copy_gbps": ...}``; ``small`` for smoke runs."""
+                  small: bool = False, int8: bool = False) -> Dict[str, float]:
+    """``{"gemm_gflops_fp32": ..., "gemm_gflops_bf16": ..., "copy_gbps": ...}``; ``small`` for smoke runs;
+    ``int8`` adds ``gemm_gflops_int8`` (GOP/s of :func:`int8_gemm_peak_gops`, CPUs only)."""
     names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
     n, mb, reps = (256, 8, 1) if small else (2048, None, 5)
     peaks = {f"gemm_gflops_{names[d]}": gemm_peak_gflops(device, d, n, reps) for d in dtypes}
+    if int8 and torch.device(device).type == "cpu":
+        peaks["gemm_gflops_int8"] = int8_gemm_peak_gops(n, reps)
     peaks["copy_gbps"] = copy_peak_gbps(device, mb, reps)
     peaks["peak_threads"] = torch.get_num_threads()
     return peaks

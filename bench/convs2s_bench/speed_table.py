@@ -339,7 +339,8 @@ def measure_machine(device: torch.device, configs: Sequence[Config]) -> dict:
     from .roofline import measure_peaks
 
     return dict(machine_description(device),
-                **measure_peaks(device, sorted({DTYPES[c.dtype] for c in configs}, key=str)))
+                **measure_peaks(device, sorted({DTYPES[c.dtype] for c in configs}, key=str),
+                                int8=any(PEAK_OF[c.dtype] == "int8" for c in configs)))
 
 
 def _setup(request: SpeedTableRequest, model, arch_name: str, work: Workload, n_total: int, sample) -> dict:

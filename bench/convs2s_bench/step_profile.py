@@ -4,6 +4,10 @@ in the same run (weight bytes / copy bandwidth, FLOPs / GEMM peak), and its ops'
 torch.profiler (the C++ kernels record themselves: ``convs2s::few_rows_nk`` / ``few_rows_kn``).
 
     python3 -m convs2s_bench.step_profile --arch fconv_wmt_en_fr --rows 1,12,160 --out profile.md
+
+``--int8``: the decoder's int8 weights and activations (``quantize_decoder_int8``): the bound's
+bytes are the int8 weights and their scales, its compute limit the int8 GEMM peak
+(``torch._int_mm``) instead of the fp32 one.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from convs2s.step_shapes import step_weight_modules
 from convs2s_kernels.env import machine_description
 
 from .report import positive_ints, publish
-from .roofline import copy_peak_gbps, gemm_peak_gflops
+from .roofline import copy_peak_gbps, gemm_peak_gflops, int8_gemm_peak_gops
 
 SOURCE_LEN = 27  # the mean newstest source (25.4 subwords) rounded up, as in the peer workload
 
@@ -34,8 +38,15 @@ def sentences_and_beam(rows: int) -> Tuple[int, int]:
 
 
 def _step_weights(decoder) -> List[torch.Tensor]:
-    return [m.effective_weight() if hasattr(m, "effective_weight") else m.weight
-            for m in step_weight_modules(decoder)]
+    """The tensors a step streams per weight: the float weight, or the int8 weight and its scales."""
+    out = []
+    for m in step_weight_modules(decoder):
+        quantized = m.int8_weight() if hasattr(m, "int8_weight") else None
+        if quantized is not None:
+            out += list(quantized)
+        else:
+            out.append(m.effective_weight() if hasattr(m, "effective_weight") else m.weight)
+    return out
 
 
 def step_bounds(model, rows: int, src_len: int) -> Tuple[int, float]:
@@ -44,6 +55,7 @@ def step_bounds(model, rows: int, src_len: int) -> Tuple[int, float]:
     sum, 2 x S x C FLOPs each)."""
     weights = _step_weights(model.decoder)
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
+    weights = [w for w in weights if w.dim() == 2]  # int8 scales: bytes, no products
     flops = 2.0 * rows * sum(w.numel() for w in weights)
     for conv, att in zip(model.decoder.convolutions, model.decoder.attention):
         if att is not None:
@@ -85,12 +97,15 @@ def profile_rows(model, rows: int, steps: int = 10, src_len: int = SOURCE_LEN) -
 
 def format_profile(result: dict, top: int = 8) -> str:
     m = result["machine"]
-    lines = [f"Decoding-step profile, {result['arch']} (random weights, folded attention, backend auto, fp32), "
+    dtype = "int8 decoder weights and activations" if result.get("int8") else "fp32"
+    peak = (f"int8 GEMM {result['int8_gops']:.0f} GOP/s (torch._int_mm)" if result.get("int8")
+            else f"fp32 GEMM {result['gemm_gflops']:.0f} GFLOP/s")
+    lines = [f"Decoding-step profile, {result['arch']} (random weights, folded attention, backend auto, {dtype}), "
              f"source length {result['src_len']}; {m['cpu']}, {m['threads']} threads, "
              f"ISA {', '.join(m['isa'])}" + (f" (capped: {m['isa_caps']})" if m['isa_caps'] else "") +
              f"; kernels {result['kernels_isa']}.",
              f"Limits measured in this run: copy {result['copy_gbps']:.1f} GB/s (a copy touching the step's "
-             f"{result.get('weight_mb', 0):.0f} MB of weights), fp32 GEMM {result['gemm_gflops']:.0f} GFLOP/s. "
+             f"{result.get('weight_mb', 0):.0f} MB of weights), {peak}. "
              "Bound = max(weight bytes / copy bandwidth, FLOPs / GEMM peak).", "",
              "Ops the profiler sees cover the share of the step in 'seen' (kernels built without "
              "RECORD_FUNCTION labels are invisible to it and fall outside).", "",
@@ -98,7 +113,8 @@ def format_profile(result: dict, top: int = 8) -> str:
              "|---|---|---|---|---|---|"]
     for r in result["rows"]:
         step_ms = r["step_s"] * 1e3
-        bound_ms = max(r["bytes"] / result["copy_gbps"] / 1e6, r["flops"] / result["gemm_gflops"] / 1e6)
+        compute = result["int8_gops"] if result.get("int8") else result["gemm_gflops"]
+        bound_ms = max(r["bytes"] / result["copy_gbps"] / 1e6, r["flops"] / compute / 1e6)
         ranked = sorted(r["ops_ms"].items(), key=lambda kv: -kv[1])[:top]
         ops = "; ".join(f"{k} {v:.2f} ({100 * v / step_ms:.0f}%)" for k, v in ranked)
         lines.append(f"| {r['rows']} | {step_ms:.2f} ({r['step_range'][0] * 1e3:.2f}-{r['step_range'][1] * 1e3:.2f}) | "
@@ -107,17 +123,21 @@ def format_profile(result: dict, top: int = 8) -> str:
     return "\n".join(lines)
 
 
-def run(arch: str, rows: Sequence[int], src_len: int = SOURCE_LEN, vocab: int = 40000) -> dict:
-    from convs2s_kernels.extension import small_gemm_isa
+def run(arch: str, rows: Sequence[int], src_len: int = SOURCE_LEN, vocab: int = 40000, int8: bool = False) -> dict:
+    from convs2s_kernels.extension import int8_kernel_isa, small_gemm_isa
 
     torch.manual_seed(0)
     model = build_model(arch, vocab, vocab).fold_weight_norm().eval()
+    model.quantize_decoder_int8(int8)
     weight_bytes, _ = step_bounds(model, 1, src_len)
     # a copy touching as many bytes as the step's weights (source + destination): memory's bandwidth
     # for a big model, the caches' for one that fits in them (a step re-reads the same weights)
-    result = dict(arch=arch, src_len=src_len, machine=machine_description(), kernels_isa=small_gemm_isa(),
+    result = dict(arch=arch, src_len=src_len, machine=machine_description(),
+                  kernels_isa=int8_kernel_isa() if int8 else small_gemm_isa(), int8=int8,
                   copy_gbps=copy_peak_gbps(megabytes=max(1, weight_bytes // 2 // (1 << 20))),
                   gemm_gflops=gemm_peak_gflops(), weight_mb=weight_bytes / 1e6, rows=[])
+    if int8:
+        result["int8_gops"] = int8_gemm_peak_gops()
     for r in rows:
         rec = profile_rows(model, r, src_len=src_len)
         rec["bytes"], rec["flops"] = step_bounds(model, r, src_len)
@@ -129,10 +149,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m convs2s_bench.step_profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="fconv_wmt_en_fr")
     p.add_argument("--rows", default="1,12,160", help="comma-separated row counts (sentences x beam)")
+    p.add_argument("--int8", action="store_true", help="int8 decoder weights and activations (quantize_decoder_int8)")
     p.add_argument("--out", help="also write the table to this markdown file")
     args = p.parse_args(argv)
     rows = positive_ints(p, "--rows", args.rows)
-    publish(format_profile(run(args.arch, rows)), args.out)
+    publish(format_profile(run(args.arch, rows, int8=args.int8)), args.out)
     return 0
 
 

@@ -42,16 +42,18 @@ def test_linear_w8a8_matches_reference_bit_for_bit(rows, K, N):
 @pytest.mark.parametrize("rows", [1, 4, 5, 6, 16, 33])
 @pytest.mark.parametrize("K,N", [(1, 1), (7, 65), (64, 64), (130, 129)])
 @torch.no_grad()
-def test_both_vnni_kernels_match_the_reference(rows, K, N):
+def test_every_kernel_matches_the_reference(rows, K, N):
     """The VNNI level has two kernels (reducing sums for few rows, packed weight blocks from
-    max(16, K / 8) rows on); each equals the reference at any rows, whichever the call would pick."""
+    max(16, K / 8) rows on), and the math library's int8 GEMM serves 10 rows or more where its
+    sums are exact; each equals the reference at any rows, whichever the call would pick."""
     x, q, s, b = _case(rows, K, N, seed=rows + K)
     require_or_skip("cpp")
     native = ck.extension.native()
     want = ck.linear_w8a8_ref(x, q, s, b)
-    for packed in (0, 1):
-        assert torch.equal(native.linear_w8a8_with(x, q, s, b, packed), want), f"packed={packed}"
-        assert torch.equal(native.linear_w8a8_with(x, q, s, None, packed), ck.linear_w8a8_ref(x, q, s))
+    # 2: the math library's int8 GEMM, which auto takes from 10 rows where its sums are exact
+    for kernel in (0, 1) + ((2,) if native.linear_w8a8_library_exact() else ()):
+        assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel), want), f"kernel {kernel}"
+        assert torch.equal(native.linear_w8a8_with(x, q, s, None, kernel), ck.linear_w8a8_ref(x, q, s))
 
 
 @torch.no_grad()
@@ -82,17 +84,20 @@ def test_reference_error_is_bounded_by_both_quantisations():
 
 
 @pytest.mark.parametrize("cap,expected", [("avx2", ("avx2", "baseline")), ("baseline", ("baseline",))])
-def test_kernels_isa_caps_the_int8_kernel(cap, expected):
-    """Under ``CONVS2S_KERNELS_ISA`` the capped kernel runs and still equals the reference."""
+@pytest.mark.parametrize("onednn_cap", [None, "AVX2"])
+def test_kernels_isa_caps_the_int8_kernel(cap, expected, onednn_cap):
+    """Under ``CONVS2S_KERNELS_ISA`` the capped kernel runs and still equals the reference; with
+    oneDNN capped too (whose AVX2 int8 GEMM saturates int16 pairs) the many-row calls stay exact."""
     require_or_skip("cpp")
     code = ("import torch, convs2s_kernels as ck\n"
             "from convs2s_kernels.extension import int8_kernel_isa\n"
-            "for rows, K, N in ((1, 33, 7), (5, 96, 200), (13, 1536, 64), (70, 65, 130)):\n"
-            "    x, w, b = torch.randn(rows, K), torch.randn(N, K) / K ** 0.5, torch.randn(N)\n"
+            "for rows, K, N in ((1, 33, 7), (5, 96, 200), (13, 1536, 64), (70, 65, 130), (40, 320, 72)):\n"
+            "    x, w, b = torch.randn(rows, K) * 5, torch.randn(N, K) / K ** 0.5, torch.randn(N)\n"
             "    q, s = ck.quantize_int8(w)\n"
+            "    q[:, ::3] = 127  # full-scale weights: int16 pairs saturate on a vpmaddubsw path\n"
             "    assert torch.equal(ck.linear_w8a8(x, q, s, b, backend='cpp'), ck.linear_w8a8_ref(x, q, s, b))\n"
             "print(int8_kernel_isa())\n")
-    env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)
+    env = dict(os.environ, CONVS2S_KERNELS_ISA=cap, **({"ONEDNN_MAX_CPU_ISA": onednn_cap} if onednn_cap else {}))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() in expected
