@@ -55,7 +55,7 @@ def step_bounds(model, rows: int, src_len: int) -> Tuple[int, float]:
     sum, 2 x S x C FLOPs each)."""
     weights = _step_weights(model.decoder)
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
-    weights = [w for w in weights if w.dim() == 2]  # int8 scales: bytes, no products
+    weights = [w for w in weights if w.dim() >= 2]  # int8 scales: bytes, no products
     flops = 2.0 * rows * sum(w.numel() for w in weights)
     for conv, att in zip(model.decoder.convolutions, model.decoder.attention):
         if att is not None:
