@@ -273,11 +273,12 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                         "words ('src tgt1 tgt2 ...' per line) plus the --shortlist-top most frequent")
     p.add_argument("--shortlist-top", type=_non_negative(int), default=100,
                    help="most frequent target words always scored with --shortlist (default 100)")
-    p.add_argument("--int8", action="store_true",
-                   help="decode with int8 decoder weights and activations (integer dot products): a quarter of "
-                        "the weight bytes per step, a small translation-quality cost (see the README)")
-    p.add_argument("--int8-weights-only", action="store_true",
-                   help="decode with int8 decoder weights but float32 activations and sums")
+    int8 = p.add_mutually_exclusive_group()
+    int8.add_argument("--int8", action="store_true",
+                      help="decode with int8 decoder weights and activations (integer dot products): a quarter of "
+                           "the weight bytes per step, a small translation-quality cost (see the README)")
+    int8.add_argument("--int8-weights-only", action="store_true",
+                      help="decode with int8 decoder weights but float32 activations and sums")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
 
 

@@ -53,6 +53,9 @@ def _layer_weights(decoder) -> List[dict]:
                      int8_activations=conv_s is not None and conv.int8_activations)
         if proj is not None:
             proj_w, proj_s = _weights(proj)
+            if proj_s is not None and (conv_s is None or proj.int8_activations != conv.int8_activations):
+                raise ValueError("the one-call step takes one int8 setting per layer: quantise the projection and "
+                                 "the convolution alike (ConvS2SModel.quantize_decoder_int8)")
             entry.update(proj_weight=proj_w, proj_scale=proj_s, proj_bias=proj.bias)
         layers.append(entry)
     return layers

@@ -14,7 +14,8 @@
 //   is subtracted at the end; the weight sums come from the same pass (one more vpdpbusd per
 //   weight vector, in the first row tile of each column tile only).
 // * AVX2: |xq| times w with x's sign moved onto w (vpsignb), so each pair of products is at most
-//   2 * 127 * 127 < 2^15 and vpmaddubsw's int16 saturation never triggers.
+//   2 * 127 * 127 < 2^15 and vpmaddubsw's int16 saturation never triggers. Weights are in
+//   [-127, 127] as quantize_int8 writes them (-(-128) would wrap; the Python op refuses -128).
 
 #include "common.h"
 #include "isa.h"
@@ -342,6 +343,13 @@ constexpr int64_t kLibraryMinRows = 10;
 
 bool library_sums_exact() {
   static const bool exact = [] {
+#ifdef CONVS2S_X86
+    // only CPUs with int8 dot products that accumulate in int32 (AVX512-VNNI, AVX-VNNI; every
+    // AMX-INT8 CPU has AVX512-VNNI): elsewhere a library has no exact fast path to find
+    if (!__builtin_cpu_supports("avx512vnni") && !__builtin_cpu_supports("avxvnni")) return false;
+#else
+    return false;
+#endif
     const int64_t M = 32, K = 320, N = 72;
     // |x| = |w| = 127 everywhere, signs varied: every int16 pair of a vpmaddubsw path saturates
     at::Tensor x = at::empty({M, K}, at::kChar), w = at::empty({N, K}, at::kChar);

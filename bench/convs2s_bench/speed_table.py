@@ -446,7 +446,7 @@ class Table:
         flops = generation_flops(self.models.base, [len(s) for s in work.sources], tgt_lengths, beam)
         median = spread["median"]
         fraction = fractions_of_peak(gflops_per_s=flops / median / 1e9, gb_per_s=0.0,
-                                     gemm_gflops=self.machine[f"gemm_gflops_{PEAK_OF[config.dtype]}"])
+                                     gemm_gflops=self.machine.get(f"gemm_gflops_{PEAK_OF[config.dtype]}"))
         uncertainty = [d["model_uncertainty_s"] for d in rec["per_repeat"] if "model_uncertainty_s" in d]
         return dict(
             backend=config.backend, decoder=config.decoder, dtype=config.dtype, beam=beam,

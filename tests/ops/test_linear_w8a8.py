@@ -117,3 +117,7 @@ def test_linear_w8a8_errors_name_the_problem():
         ck.linear_w8a8(torch.randn(2, 5), q, s)
     with pytest.raises(ValueError, match="scale must have shape"):
         ck.linear_w8a8(x, q, s[:3])
+    bad = q.clone()
+    bad[1, 2] = -128
+    with pytest.raises(ValueError, match="qweight holds -128: linear_w8a8 takes int8 weights in \\[-127, 127\\]"):
+        ck.linear_w8a8(x, bad, s)

@@ -12,14 +12,27 @@ from ..linear_int8.api import check_int8_linear_args
 __all__ = ["linear_w8a8"]
 
 
+def _check_weight_range(qweight: torch.Tensor) -> None:
+    """No -128 in ``qweight`` (``quantize_int8`` writes [-127, 127]; the AVX2 kernel moves the
+    activation's sign onto the weight, and -(-128) wraps). Scanned once per weight tensor and
+    version, not per call."""
+    key = (qweight._version, qweight.data_ptr())
+    if getattr(qweight, "_convs2s_range_checked", None) == key:
+        return
+    if bool((qweight == -128).any()):
+        raise ValueError("qweight holds -128: linear_w8a8 takes int8 weights in [-127, 127], as quantize_int8 writes")
+    qweight._convs2s_range_checked = key
+
+
 def linear_w8a8(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 *, backend: Optional[str] = None) -> torch.Tensor:
     """``x @ W.T + bias`` with ``W = qweight * scale[:, None]`` and ``x`` quantised to int8 per row
     (``quantize_rows_int8``): int8 × int8 dot products with exact int32 sums, for decoding steps
     with many rows, where widening int8 weights to float32 (``linear_int8``) costs more than the
-    bytes it saves. ``x (..., K)`` float32, ``qweight (N, K)`` int8 and ``scale (N,)`` from
-    :func:`convs2s_kernels.quantize_int8`, ``bias (N,)``; returns float32.
+    bytes it saves. ``x (..., K)`` float32 (finite), ``qweight (N, K)`` int8 in [-127, 127] and
+    ``scale (N,)`` from :func:`convs2s_kernels.quantize_int8`, ``bias (N,)``; returns float32.
     See :func:`convs2s_kernels.linear_w8a8_ref`."""
     check_int8_linear_args(x, qweight, scale, bias)
+    _check_weight_range(qweight)
     fn = resolve("linear_w8a8", x.device, backend, x, qweight, scale, bias)
     return fn(x, qweight, scale, bias)
