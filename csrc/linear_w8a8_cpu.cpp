@@ -19,6 +19,8 @@
 
 #include "common.h"
 #include "isa.h"
+#include "row_tiles.h"
+#include "small_gemm.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -84,6 +86,7 @@ inline void finish_upto4(const Operands& g, int64_t m, int64_t n, int count, __m
 // Quantise row m: sx = max|x| / 127 (1 for a row of zeros), xq = round-half-even(x / sx), as
 // quantize_rows_int8 in the reference. The rounding adds and subtracts 1.5 * 2^23, which rounds
 // to nearest-even for |v| <= 127.5 in any vector width (std::nearbyint is a library call here).
+// u (the kernels' unsigned copy) may be null.
 void quantize_row(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, bool vnni, float* sx) {
   float amax = 0.f;
   for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::abs(x[k]));
@@ -95,9 +98,10 @@ void quantize_row(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, 
     const float r = (x[k] / div + kMagic) - kMagic;  // IEEE arithmetic: never simplified away
     const int v = std::min(127, std::max(-127, static_cast<int>(r)));
     q[k] = static_cast<int8_t>(v);
-    u[k] = static_cast<uint8_t>(vnni ? v + 128 : std::abs(v));
   }
   std::memset(q + K, 0, Kp - K);
+  if (u == nullptr) return;
+  for (int64_t k = 0; k < K; ++k) u[k] = static_cast<uint8_t>(vnni ? q[k] + 128 : std::abs(q[k]));
   std::memset(u + K, vnni ? 128 : 0, Kp - K);
 }
 
@@ -116,15 +120,6 @@ void w8a8_base(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
 }
 
 #ifdef CONVS2S_X86
-
-// CALL with M = min(LEFT, MT) rows as a compile-time constant (MT <= 4).
-#define CONVS2S_TILE_ROWS(LEFT, CALL)                                  \
-  switch (std::min<int64_t>(LEFT, MT)) {                               \
-    case 1: { constexpr int M = 1; CALL; break; }                      \
-    case 2: { constexpr int M = 2 <= MT ? 2 : 1; CALL; break; }        \
-    case 3: { constexpr int M = 3 <= MT ? 3 : 1; CALL; break; }        \
-    default: { constexpr int M = 4 <= MT ? 4 : 1; CALL; break; }       \
-  }
 
 // ---- AVX-512 VNNI: tiles of MT rows x NT weight rows, 64 bytes of K per step ----
 
@@ -183,9 +178,11 @@ CONVS2S_VNNI void w8a8_vnni(const Operands& g, int64_t rows, int64_t n0, int64_t
   alignas(16) int32_t wsum[4];  // whole vectors: the epilogue reads four lanes whatever NT
   int64_t n = n0;
   for (; n + NT <= n1; n += NT)
-    for (int64_t r = 0; r < rows; r += MT) CONVS2S_TILE_ROWS(rows - r, (vnni_tile<M, NT>(g, r, n, wsum, r == 0)));
+    for (int64_t r = 0; r < rows; r += MT)
+      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (vnni_tile<M, NT>(g, r, n, wsum, r == 0)));
   for (; n < n1; ++n)
-    for (int64_t r = 0; r < rows; r += MT) CONVS2S_TILE_ROWS(rows - r, (vnni_tile<M, 1>(g, r, n, wsum, r == 0)));
+    for (int64_t r = 0; r < rows; r += MT)
+      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (vnni_tile<M, 1>(g, r, n, wsum, r == 0)));
 }
 
 // ---- AVX-512 VNNI, many rows: each column block packed once so that no sum needs reducing ----
@@ -264,16 +261,9 @@ CONVS2S_VNNI void w8a8_vnni_packed(const Operands& g, int64_t rows, int64_t n0, 
   for (int64_t n = n0; n < n1; n += kPackedCols) {
     const int64_t cols = std::min(kPackedCols, n1 - n);
     pack_block(g, n, cols, K4, buf.data());
-    for (int64_t r = 0; r < rows; r += MT) {
-      const bool first = r == 0;
-      switch (std::min<int64_t>(rows - r, MT)) {
-        case 1: packed_tile<1>(g, buf.data(), K4, r, n, cols, wsum, first); break;
-        case 2: packed_tile<2>(g, buf.data(), K4, r, n, cols, wsum, first); break;
-        case 3: packed_tile<3>(g, buf.data(), K4, r, n, cols, wsum, first); break;
-        case 4: packed_tile<4>(g, buf.data(), K4, r, n, cols, wsum, first); break;
-        default: packed_tile<MT>(g, buf.data(), K4, r, n, cols, wsum, first);
-      }
-    }
+    for (int64_t r = 0; r < rows; r += MT)
+      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
+                          (packed_tile<M>(g, buf.data(), K4, r, n, cols, wsum, r == 0)))
   }
 }
 
@@ -326,9 +316,11 @@ CONVS2S_AVX2 void w8a8_avx2(const Operands& g, int64_t rows, int64_t n0, int64_t
   constexpr int MT = 2, NT = 4;  // 8 accumulators + 4 weight vectors + 2 activations + ones of 16 ymm
   int64_t n = n0;
   for (; n + NT <= n1; n += NT)
-    for (int64_t r = 0; r < rows; r += MT) CONVS2S_TILE_ROWS(rows - r, (avx2_tile<M, NT>(g, r, n)));
+    for (int64_t r = 0; r < rows; r += MT)
+      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (avx2_tile<M, NT>(g, r, n)));
   for (; n < n1; ++n)
-    for (int64_t r = 0; r < rows; r += MT) CONVS2S_TILE_ROWS(rows - r, (avx2_tile<M, 1>(g, r, n)));
+    for (int64_t r = 0; r < rows; r += MT)
+      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (avx2_tile<M, 1>(g, r, n)));
 }
 
 #endif  // CONVS2S_X86
@@ -407,12 +399,7 @@ bool linear_w8a8_library_exact() { return library_sums_exact(); }
 at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                             const c10::optional<at::Tensor>& bias, int64_t packed) {
   CONVS2S_CHECK_CPU(x);
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "linear_w8a8: x must be float32 (M, K)");
-  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kChar, "linear_w8a8: qweight must be int8 (N, K)");
-  TORCH_CHECK(qweight.size(1) == x.size(1), "linear_w8a8: qweight has ", qweight.size(1), " input features but x has ",
-              x.size(1));
-  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == qweight.size(0) && scale.scalar_type() == at::kFloat,
-              "linear_w8a8: scale must be float32 (N,)");
+  check_int8_linear_args("linear_w8a8", x, qweight, scale);
   TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == qweight.size(0)),
               "linear_w8a8: bias must be (N,)");
   RECORD_FUNCTION("convs2s::linear_w8a8", std::vector<c10::IValue>());
@@ -423,17 +410,20 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
   const at::Tensor xc = x.contiguous(), qc = qweight.contiguous(), sc = scale.contiguous();
   const at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const bool vnni = kernel_has_vnni();
-  const int64_t Kp = (K + kPad - 1) / kPad * kPad + kPad;  // one spare vector: full loads never leave the buffer
+  const bool library = packed == 2 || (packed < 0 && M >= kLibraryMinRows && library_sums_exact());
+  // the kernels read whole vectors (one spare: full loads never leave the buffer); the library
+  // takes the signed rows alone, unpadded
+  const int64_t Kp = library ? K : (K + kPad - 1) / kPad * kPad + kPad;
   std::vector<int8_t> xq(M * Kp);
-  std::vector<uint8_t> xu(M * Kp);
+  std::vector<uint8_t> xu(library ? 0 : M * Kp);
   std::vector<float> sx(M);
   const float* xp = xc.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) quantize_row(xp + m * K, K, &xq[m * Kp], &xu[m * Kp], Kp, vnni, &sx[m]);
+  for (int64_t m = 0; m < M; ++m)
+    quantize_row(xp + m * K, K, &xq[m * Kp], library ? nullptr : &xu[m * Kp], Kp, vnni, &sx[m]);
   const Operands g{xq.data(), xu.data(), Kp, qc.data_ptr<int8_t>(), N, K, sx.data(), sc.data_ptr<float>(),
                    bf.defined() ? bf.data_ptr<float>() : nullptr, y.data_ptr<float>(), N};
-  if (packed == 2 || (packed < 0 && M >= kLibraryMinRows && library_sums_exact())) {
-    const at::Tensor xq_rows = at::from_blob(xq.data(), {M, K}, {Kp, 1}, at::kChar).contiguous();
-    const at::Tensor sums = at::_int_mm(xq_rows, qc.t()).contiguous();
+  if (library) {
+    const at::Tensor sums = at::_int_mm(at::from_blob(xq.data(), {M, K}, at::kChar), qc.t()).contiguous();
     finish_from_sums(g, M, sums.data_ptr<int32_t>());
     return y;
   }

@@ -11,6 +11,7 @@
 
 #include "small_gemm.h"
 #include "common.h"
+#include "row_tiles.h"
 #include "isa.h"
 #include "kernel_choice.h"
 
@@ -120,19 +121,6 @@ CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, 
   for (int m = 0; m < M; ++m)
     for (int v = 0; v < VT; ++v) store<V>(g.y + (r + m) * g.ldy + c + v * L, acc[m][v]);
 }
-
-// Calls TILE<M> for the rows of one tile (1..MAX), M a compile-time constant.
-#define CONVS2S_ROWS_SWITCH(ROWS, MAX, CALL)                            \
-  switch (ROWS) {                                                      \
-    case 1: { constexpr int M = 1; CALL; break; }                      \
-    case 2: { if constexpr (MAX >= 2) { constexpr int M = 2; CALL; } break; } \
-    case 3: { if constexpr (MAX >= 3) { constexpr int M = 3; CALL; } break; } \
-    case 4: { if constexpr (MAX >= 4) { constexpr int M = 4; CALL; } break; } \
-    case 5: { if constexpr (MAX >= 5) { constexpr int M = 5; CALL; } break; } \
-    case 6: { if constexpr (MAX >= 6) { constexpr int M = 6; CALL; } break; } \
-    case 7: { if constexpr (MAX >= 7) { constexpr int M = 7; CALL; } break; } \
-    default: { if constexpr (MAX >= 8) { constexpr int M = 8; CALL; } break; } \
-  }
 
 // Columns [n0, n1) of every row (one thread's panel). K is swept in chunks of KC weight rows,
 // each chunk across the whole panel: KC sequential streams that the hardware prefetchers follow
@@ -325,22 +313,18 @@ at::Tensor measured_product(const at::Tensor& x, const at::Tensor& w, const c10:
   return bias.has_value() ? at::addmm(*bias, x, w) : at::mm(x, w);
 }
 
-namespace {
-
-void check_int8_args(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "linear_int8: x must be float32 (M, K)");
-  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kChar, "linear_int8: qweight must be int8 (N, K)");
-  TORCH_CHECK(qweight.size(1) == x.size(1), "linear_int8: qweight has ", qweight.size(1),
-              " input features but x has ", x.size(1));
-  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == qweight.size(0) && scale.scalar_type() == at::kFloat,
-              "linear_int8: scale must be float32 (N,)");
+void check_int8_linear_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, op, ": x must be float32 (M, K)");
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kChar, op, ": qweight must be int8 (N, K)");
+  TORCH_CHECK(qweight.size(1) == x.size(1), op, ": qweight has ", qweight.size(1), " input features but x has ",
+              x.size(1));
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == qweight.size(0) && scale.scalar_type() == at::kFloat, op,
+              ": scale must be float32 (N,)");
 }
-
-}  // namespace
 
 at::Tensor small_gemm_int8_kernel(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                   const c10::optional<at::Tensor>& bias) {
-  check_int8_args(x, qweight, scale);
+  check_int8_linear_args("linear_int8", x, qweight, scale);
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
   TORCH_CHECK(M >= 1 && M <= kSmallGemmMaxRows, "the int8 few-row kernel takes 1..", kSmallGemmMaxRows, " rows");
   TORCH_CHECK(K >= 1 && N >= 1, "the int8 few-row kernel: K and N must be positive");
@@ -354,7 +338,7 @@ at::Tensor small_gemm_int8_kernel(const at::Tensor& x, const at::Tensor& qweight
 
 at::Tensor small_gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                            const c10::optional<at::Tensor>& bias) {
-  check_int8_args(x, qweight, scale);
+  check_int8_linear_args("linear_int8", x, qweight, scale);
   if (!use_few_rows(Form::nk, at::kChar, x.size(1), qweight.size(0), x.size(0))) {
     // many rows: a GEMM is compute-bound there, so dequantise once and let the BLAS run
     const at::Tensor w = qweight.to(at::kFloat).mul_(scale.unsqueeze(1));

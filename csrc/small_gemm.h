@@ -32,6 +32,9 @@ at::Tensor measured_product(const at::Tensor& x, const at::Tensor& w, const c10:
 // past the measured limit (kernel_choice.h) dequantise the weight once and run a GEMM.
 at::Tensor small_gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                            const c10::optional<at::Tensor>& bias);
+// The checks of an int8-weight product's entry point (x (M, K) float32, qweight (N, K) int8, scale
+// (N,) float32); messages start with `op`.
+void check_int8_linear_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale);
 // The int8 few-row kernel itself (1..kSmallGemmMaxRows rows), whatever the measured limit.
 at::Tensor small_gemm_int8_kernel(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                   const c10::optional<at::Tensor>& bias);
