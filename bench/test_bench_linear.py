@@ -45,7 +45,7 @@ def test_linear(benchmark, runnable, peaks, device, backend, shape, dtype_name):
 INT8_SHAPES = SHAPES + shapes(paper=[(m, k, n) for m in (32, 64, 160) for k, n in ((1536, 1024), (512, 40000))],
                               smoke=[(70, 16, 24)])
 INT8_PROVIDERS = {"reference": ck.linear_int8, "cpp": ck.linear_int8,
-                  "w8a8-reference": ck.linear_w8a8, "w8a8-cpp": ck.linear_w8a8}
+                  "w8a8-reference": ck.linear_w8a8, "w8a8-cpp": ck.linear_w8a8, "w8a8-packed-cpp": ck.linear_w8a8}
 
 
 @pytest.mark.parametrize("shape", [pytest.param(s, id=f"M{s[0]}_K{s[1]}_N{s[2]}") for s in INT8_SHAPES])
@@ -53,7 +53,8 @@ INT8_PROVIDERS = {"reference": ck.linear_int8, "cpp": ck.linear_int8,
 def test_linear_int8(benchmark, runnable, peaks, device, provider, shape):
     """int8 weights against the float32 product they replace (``fp32-weights``: the fastest float32
     path, ``linear`` with the kernel choice measured for the shape); ``reference``/``cpp`` are
-    weight-only int8 (``linear_int8``), ``w8a8-*`` int8 weights and activations (``linear_w8a8``).
+    weight-only int8 (``linear_int8``), ``w8a8-*`` int8 weights and activations (``linear_w8a8``;
+    ``w8a8-packed-cpp`` with the weight packed once, ``pack_w8a8_weight``, as a decoder does).
     The int8 references run the definition (dequantise, or exact integer sums), not a fast path."""
     m, k, n = shape
     x = torch.randn(m, k, device=device)
@@ -73,10 +74,20 @@ def test_linear_int8(benchmark, runnable, peaks, device, provider, shape):
         op, backend = INT8_PROVIDERS[provider], provider.split("-")[-1]
         runnable(backend, op.__name__, x, q, s, b)
         qweight = rotating(q, device)
+        # one packed copy per weight copy, in the order the rounds meet them
+        packs = [ck.pack_w8a8_weight(qweight()) for _ in range(qweight.count)] if "packed" in provider else None
+        turn = {"i": 0}
 
         def run():
+            extra = {}
+            if packs is not None:
+                extra["packed"] = packs[turn["i"]]
+                turn["i"] = (turn["i"] + 1) % len(packs)
             with torch.no_grad():
-                return op(x, qweight(), s, b, backend=backend)
+                return op(x, qweight(), s, b, backend=backend, **extra)
+        if backend == "cpp":  # the op checks each new weight tensor once (its int8 range): not in the rounds
+            for _ in range(qweight.count):
+                run()
         weight_bytes = q.numel() + 4 * n
     benchmark.group = f"linear_int8 M{m} K{k} N{n}"
     run_timed(benchmark, run, device)

@@ -50,13 +50,15 @@ def _layer_weights(decoder) -> List[dict]:
     for proj, conv, r in zip(decoder.projections, decoder.convolutions, decoder.residuals):
         conv_w, conv_s = _weights(conv)
         entry = dict(conv_weight=conv_w, conv_scale=conv_s, conv_bias=conv.bias, residual=r,
-                     int8_activations=conv_s is not None and conv.int8_activations)
+                     int8_activations=conv_s is not None and conv.int8_activations,
+                     conv_packed=conv.int8_extra().get("packed"))
         if proj is not None:
             proj_w, proj_s = _weights(proj)
             if proj_s is not None and (conv_s is None or proj.int8_activations != conv.int8_activations):
                 raise ValueError("the one-call step takes one int8 setting per layer: quantise the projection and "
                                  "the convolution alike (ConvS2SModel.quantize_decoder_int8)")
-            entry.update(proj_weight=proj_w, proj_scale=proj_s, proj_bias=proj.bias)
+            entry.update(proj_weight=proj_w, proj_scale=proj_s, proj_bias=proj.bias,
+                         proj_packed=proj.int8_extra().get("packed"))
         layers.append(entry)
     return layers
 
@@ -97,6 +99,6 @@ def step_linear(state, name: str, module, x: torch.Tensor, backend: Optional[str
     quantized = module.int8_weight()
     if quantized is not None:
         return state.calls(module.int8_product(), (name, x.shape[0]), x.device, x, *quantized, module.bias,
-                           backend=backend)
+                           backend=backend, **module.int8_extra())
     return state.calls(ck.linear, (name, x.shape[0]), x.device, x, module.effective_weight(), module.bias,
                        backend=backend)

@@ -91,6 +91,19 @@ class WeightNormed(nn.Module):
             self._int8_key = key
         return self._int8
 
+    def int8_extra(self) -> dict:
+        """The int8 product's extra arguments: with int8 activations on the CPU, ``packed`` (the
+        weight in the cpp kernels' layout, :func:`convs2s_kernels.pack_w8a8_weight`, made once per
+        quantisation); nothing otherwise."""
+        quantized = self.int8_weight()
+        if quantized is None or not self.int8_activations or quantized[0].device.type != "cpu":
+            return {}
+        if getattr(self, "_int8_packed_for", None) is not quantized:
+            with torch.no_grad():
+                self._int8_packed = ck.pack_w8a8_weight(quantized[0])
+            self._int8_packed_for = quantized
+        return {"packed": self._int8_packed}
+
     @torch.no_grad()
     def fold_weight_norm(self) -> None:
         """Replace ``weight_g``/``weight_v`` by the plain ``weight`` they define (inference)."""
@@ -147,7 +160,7 @@ class Linear(WeightNormed):
             return F.linear(x, self.effective_weight(), self.bias)
         quantized = self.int8_weight()
         if quantized is not None:
-            return self.int8_product()(x, *quantized, self.bias, backend=backend)
+            return self.int8_product()(x, *quantized, self.bias, backend=backend, **self.int8_extra())
         return ck.linear(x, self.effective_weight(), self.bias, backend=backend)
 
     def _int8_matrix(self) -> torch.Tensor:
@@ -193,7 +206,7 @@ class ConvTBCWeight(WeightNormed):
         if parents is not None:
             state = state.index_select(0, parents)
         window = torch.cat([state, x.unsqueeze(1)], dim=1)
-        pre = self.int8_product()(window.flatten(1), *quantized, self.bias, backend=backend)
+        pre = self.int8_product()(window.flatten(1), *quantized, self.bias, backend=backend, **self.int8_extra())
         return F.glu(pre, dim=-1), window[:, 1:]
 
 

@@ -82,6 +82,8 @@ class VocabSubset:
         if quantized is not None:
             self.qweight, self.scale = (t.index_select(0, ids) for t in quantized)
             self.int8_product = fc3.int8_product()
+            # the kernels' layout of the subset (once per batch), where the full weight has one
+            self.int8_extra = {"packed": ck.pack_w8a8_weight(self.qweight)} if fc3.int8_extra() else {}
             self.weight = None
         else:
             weight = fc3.effective_weight() if hasattr(fc3, "effective_weight") else fc3.weight
@@ -90,7 +92,7 @@ class VocabSubset:
 
     def logits(self, x: torch.Tensor, backend: Optional[str] = None) -> torch.Tensor:
         if self.qweight is not None:
-            small = self.int8_product(x, self.qweight, self.scale, self.bias, backend=backend)
+            small = self.int8_product(x, self.qweight, self.scale, self.bias, backend=backend, **self.int8_extra)
         else:
             small = ck.linear(x, self.weight, self.bias, backend=backend)
         full = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))

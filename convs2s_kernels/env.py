@@ -16,7 +16,7 @@ ISA_FLAGS = {"avx2": "AVX2", "fma": "FMA", "avx512f": "AVX-512", "avx512_vnni": 
 _ONEDNN_ISA_ORDER = ["SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
                      "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16"]
 # The caps that make an AVX-512 machine behave like an AVX2-only one: oneDNN's, MKL's, ATen's, and
-# this package's own few-row kernels (``CONVS2S_KERNELS_ISA``: avx512 | avx2 | baseline).
+# this package's own few-row kernels (``CONVS2S_KERNELS_ISA``: amx | avx512 | avx2 | baseline).
 CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", KERNELS_ISA_ENV)
 
 

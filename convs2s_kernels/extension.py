@@ -18,7 +18,7 @@ from .dispatch import set_availability
 DISABLE_ENV = "CONVS2S_KERNELS_DISABLE_CPP"
 # caps the few-row kernels' instruction set (read by csrc/small_gemm.cpp when the extension loads)
 KERNELS_ISA_ENV = "CONVS2S_KERNELS_ISA"
-KERNELS_ISA_LEVELS = ("avx512", "avx2", "baseline")
+KERNELS_ISA_LEVELS = ("amx", "avx512", "avx2", "baseline")  # amx: the int8 products' AMX tiles too
 # dtypes the extension's ops take (few-row kernels narrow it further in their capability)
 CPP_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
@@ -55,8 +55,9 @@ def small_gemm_isa() -> Optional[str]:
 
 
 def int8_kernel_isa() -> Optional[str]:
-    """The int8 x int8 kernel of ``linear_w8a8`` on this CPU: ``avx512-vnni``, ``avx2`` or
-    ``baseline`` (after ``CONVS2S_KERNELS_ISA``'s cap; None without the extension)."""
+    """The int8 x int8 kernel of ``linear_w8a8`` on this CPU: ``amx-int8`` (AMX tiles on a packed
+    weight, VNNI otherwise), ``avx512-vnni``, ``avx2`` or ``baseline`` (after ``CONVS2S_KERNELS_ISA``'s
+    cap; None without the extension)."""
     return None if _C is None else _C.linear_w8a8_isa()
 
 

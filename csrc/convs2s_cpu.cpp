@@ -82,11 +82,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"));
   m.def("linear_w8a8", &convs2s::linear_w8a8,
         "x quantised per row to int8, times qweight (N, K) int8 with a float32 scale per row, plus bias",
-        py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"));
+        py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"), py::arg("packed") = py::none());
   m.def("linear_w8a8_with", &convs2s::linear_w8a8_with,
-        "linear_w8a8 on a named kernel (2: the library's int8 GEMM, 1: VNNI packed blocks, 0: VNNI reducing, -1: "
-        "chosen by rows, K and the library's exactness; for measuring)",
-        py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"), py::arg("packed"));
+        "linear_w8a8 on a named kernel (2: the library's int8 GEMM, 1: packed blocks, 0: reducing, -1: "
+        "chosen by rows, K, the packed weight and the library's exactness; for measuring)",
+        py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"), py::arg("kernel"),
+        py::arg("packed") = py::none());
   m.def("linear_w8a8_isa", &convs2s::linear_w8a8_isa, "the kernel linear_w8a8 runs on this CPU");
   m.def("linear_w8a8_library_exact", &convs2s::linear_w8a8_library_exact,
         "whether the math library's int8 GEMM sums exactly here (linear_w8a8 then takes it from 10 rows)");

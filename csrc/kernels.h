@@ -16,7 +16,8 @@ std::vector<at::Tensor> decoder_layers_step(
     const std::vector<c10::optional<at::Tensor>>& proj_scale, const std::vector<c10::optional<at::Tensor>>& proj_b,
     const std::vector<c10::optional<at::Tensor>>& z_in, const std::vector<c10::optional<at::Tensor>>& z_bias,
     const std::vector<c10::optional<at::Tensor>>& y_out, const std::vector<c10::optional<at::Tensor>>& b_out,
-    const at::Tensor& pad_mask, const at::Tensor& src_scale, bool need_attn, const std::vector<bool>& int8_activations);
+    const at::Tensor& pad_mask, const at::Tensor& src_scale, bool need_attn, const std::vector<bool>& int8_activations,
+    const std::vector<c10::optional<at::Tensor>>& conv_packed, const std::vector<c10::optional<at::Tensor>>& proj_packed);
 std::vector<at::Tensor> beam_candidates(const at::Tensor& logits, const c10::optional<at::Tensor>& prev_scores,
                                         int64_t beam, int64_t step, int64_t max_len, int64_t min_len, double unkpen,
                                         const c10::optional<at::Tensor>& forced_len,
@@ -40,13 +41,16 @@ std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tens
                                           const at::Tensor& pre, const c10::optional<at::Tensor>& pad_mask,
                                           bool causal, double scale, bool need_residual_grad);
 // x (M, K) float32 quantised per row, times qweight (N, K) int8 with scale (N,): linear_w8a8_cpu.cpp.
+// packed: the same weight in pack_w8a8_weight's layout (64-column blocks, 4 k per column), which
+// the packed kernels read instead of packing per call.
 at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                       const c10::optional<at::Tensor>& bias);
-// The same on a named kernel (packed: 2 the math library's int8 GEMM, 1 the VNNI packed-block
-// kernel, 0 the VNNI reducing one; -1 by rows, K and whether the library's sums are exact here);
-// without VNNI 0 and 1 both run the one kernel of the instruction set. For tests and measuring.
+                       const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& packed);
+// The same on a named kernel (2 the math library's int8 GEMM, 1 the packed-block kernel, 0 the
+// reducing one; -1 by rows, K, packed and whether the library's sums are exact here); AVX2 has a
+// packed kernel only on a packed weight, the baseline one kernel. For tests and measuring.
 at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                            const c10::optional<at::Tensor>& bias, int64_t packed);
+                            const c10::optional<at::Tensor>& bias, int64_t kernel,
+                            const c10::optional<at::Tensor>& packed);
 // "avx512-vnni", "avx2" or "baseline": the kernel linear_w8a8 runs on this CPU (few rows).
 const char* linear_w8a8_isa();
 // Whether the math library's int8 GEMM gives exact sums here (then linear_w8a8 uses it from 10 rows).

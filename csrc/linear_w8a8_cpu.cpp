@@ -16,6 +16,11 @@
 // * AVX2: |xq| times w with x's sign moved onto w (vpsignb), so each pair of products is at most
 //   2 * 127 * 127 < 2^15 and vpmaddubsw's int16 saturation never triggers. Weights are in
 //   [-127, 127] as quantize_int8 writes them (-(-128) would wrap; the Python op refuses -128).
+// * AMX-INT8 (tdpbssd) multiplies signed by signed bytes: the signed rows as they are.
+//
+// The caller may pass the weight packed once (pack_w8a8_weight: 64-column blocks, 4 k per column
+// side by side), the layout the block kernels and AMX's B tiles read; without it the VNNI block
+// kernel packs each block per call, and AMX is not used.
 
 #include "common.h"
 #include "isa.h"
@@ -53,6 +58,7 @@ struct Operands {
   const float* b;     // (N,) or null
   float* y;
   int64_t ldy;
+  const int8_t* packed;  // the weight in pack_w8a8_weight's layout, or null
 };
 
 // One output: the exact integer sum, scaled as the reference does (one float32 product of the
@@ -192,26 +198,39 @@ CONVS2S_VNNI void w8a8_vnni(const Operands& g, int64_t rows, int64_t n0, int64_t
 // activation's 4 bytes are broadcast against it: every vpdpbusd adds into 16 distinct outputs.
 
 constexpr int64_t kPackedCols = 64;
-// The packed kernel runs from M >= K / 8 rows (and 16 at least): packing costs a pass of K/4
-// scattered stores per weight row whatever M, the reducing kernel's horizontal sums cost a fixed
-// few instructions per output against its K/64 dot products, so the longer K, the later packing
-// pays (measured on the Xeon of bench/results/xeon-amx-2c: K 256 from ~24 rows, 512 from ~48,
-// 1536 and 3072 beyond 160).
+// k in groups of 4, padded to whole 64-byte tiles (16 groups: one AMX tile of B, one 64-byte row of
+// activations); the layout's size in its second dimension.
+constexpr int64_t packed_k4(int64_t K) { return (K + 63) / 64 * 16; }
+constexpr int64_t kPackedBlockBytes(int64_t K4) { return K4 * kPackedCols * 4; }
+// Without a packed weight the packed kernel packs each block per call, which pays from
+// M >= K / 8 rows (and 16 at least): packing costs a pass of K/4 scattered stores per weight row
+// whatever M, the reducing kernel's horizontal sums cost a fixed few instructions per output
+// against its K/64 dot products, so the longer K, the later packing pays (measured on the Xeon of
+// bench/results/xeon-amx-2c: K 256 from ~24 rows, 512 from ~48, 1536 and 3072 beyond 160).
 bool packed_pays(int64_t M, int64_t K) { return M >= 16 && M * 8 >= K; }
 
-// Weight rows [n0, n0 + cols) into buf[k4][c][4] (int32 per k4, c), zero past K and past cols.
-void pack_block(const Operands& g, int64_t n0, int64_t cols, int64_t K4, int32_t* buf) {
-  std::memset(buf, 0, K4 * kPackedCols * sizeof(int32_t));
+// Weight rows [n0, n0 + cols) into buf[k4][c][4], zero past K and past cols: one block of
+// pack_w8a8_weight's layout (convs2s_kernels/ops/linear_w8a8/reference.py).
+void pack_block(const Operands& g, int64_t n0, int64_t cols, int64_t K4, int8_t* buf) {
+  std::memset(buf, 0, kPackedBlockBytes(K4));
   for (int64_t c = 0; c < cols; ++c) {
     const int8_t* row = g.w + (n0 + c) * g.K;
     const int64_t whole = g.K / 4;
-    for (int64_t k4 = 0; k4 < whole; ++k4) std::memcpy(buf + k4 * kPackedCols + c, row + 4 * k4, 4);
-    if (whole < K4) std::memcpy(buf + whole * kPackedCols + c, row + 4 * whole, g.K - 4 * whole);
+    for (int64_t k4 = 0; k4 < whole; ++k4) std::memcpy(buf + (k4 * kPackedCols + c) * 4, row + 4 * k4, 4);
+    if (whole < K4) std::memcpy(buf + (whole * kPackedCols + c) * 4, row + 4 * whole, g.K - 4 * whole);
   }
 }
 
+// The block of columns [n0, n0 + 64): the caller's packed weight (n0 a multiple of 64), or packed now into scratch.
+const int8_t* weight_block(const Operands& g, int64_t n0, int64_t cols, int64_t K4, std::vector<int8_t>& scratch) {
+  if (g.packed) return g.packed + (n0 / kPackedCols) * kPackedBlockBytes(K4);
+  scratch.resize(kPackedBlockBytes(K4));
+  pack_block(g, n0, cols, K4, scratch.data());
+  return scratch.data();
+}
+
 template <int MT>
-CONVS2S_VNNI inline void packed_tile(const Operands& g, const int32_t* buf, int64_t K4, int64_t r, int64_t n0,
+CONVS2S_VNNI inline void packed_tile(const Operands& g, const int8_t* buf, int64_t K4, int64_t r, int64_t n0,
                                      int64_t cols, __m512i* wsum, bool first) {
   constexpr int V = kPackedCols / 16;
   __m512i acc[MT][V], ws[V];
@@ -223,7 +242,7 @@ CONVS2S_VNNI inline void packed_tile(const Operands& g, const int32_t* buf, int6
   const uint8_t* x = g.xu + r * g.Kp;
   for (int64_t k4 = 0; k4 < K4; ++k4) {
     __m512i wv[V];
-    for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_si512(buf + k4 * kPackedCols + 16 * v);
+    for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_si512(buf + (k4 * kPackedCols + 16 * v) * 4);
     if (first)
       for (int v = 0; v < V; ++v) ws[v] = _mm512_dpbusd_epi32(ws[v], ones, wv[v]);
     for (int m = 0; m < MT; ++m) {
@@ -255,16 +274,93 @@ CONVS2S_VNNI inline void packed_tile(const Operands& g, const int32_t* buf, int6
 
 CONVS2S_VNNI void w8a8_vnni_packed(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
   constexpr int MT = 5;  // 20 accumulators + 4 weight sums + 4 weight vectors + 1 broadcast of 32 zmm
-  const int64_t K4 = (g.K + 3) / 4;
-  std::vector<int32_t> buf(K4 * kPackedCols);
+  const int64_t K4 = packed_k4(g.K);
+  std::vector<int8_t> scratch;
   __m512i wsum[kPackedCols / 16];
   for (int64_t n = n0; n < n1; n += kPackedCols) {
     const int64_t cols = std::min(kPackedCols, n1 - n);
-    pack_block(g, n, cols, K4, buf.data());
+    const int8_t* buf = weight_block(g, n, cols, K4, scratch);
     for (int64_t r = 0; r < rows; r += MT)
-      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
-                          (packed_tile<M>(g, buf.data(), K4, r, n, cols, wsum, r == 0)))
+      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (packed_tile<M>(g, buf, K4, r, n, cols, wsum, r == 0)))
   }
+}
+
+// ---- AMX-INT8: tiles of 16 rows x 64 bytes, signed x signed (tdpbssd), on packed blocks ----
+// One block of 64 columns is four C tiles (16 rows x 16 int32); per 64 bytes of k, one A tile of
+// activations and four B tiles straight from the packed weight (16 groups of 4 k x 16 columns,
+// rows 256 bytes apart). The tile unit's 1024 multiply-adds a cycle leave the weight's bytes as
+// the only cost, at any row count. Activations are padded to whole 16-row tiles (zero rows).
+
+#define CONVS2S_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")))
+
+constexpr int64_t kAmxRows = 16;
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+CONVS2S_AMX void amx_configure() {
+  TileConfig cfg;
+  for (int t = 0; t < 7; ++t) {  // 0-3: C, 4: A, 5-6: B; all 16 rows x 64 bytes
+    cfg.rows[t] = kAmxRows;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// Rows [r, r + 16) of x times the packed block at buf, sums into sums[16][64].
+CONVS2S_AMX inline void amx_block(const Operands& g, const int8_t* buf, int64_t K4, int64_t r, int32_t* sums) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int8_t* a = g.xq + r * g.Kp;
+  for (int64_t kt = 0; kt < K4 / 16; ++kt) {
+    const int8_t* b = buf + kt * 16 * kPackedCols * 4;
+    _tile_loadd(4, a + kt * 64, g.Kp);
+    _tile_loadd(5, b, kPackedCols * 4);
+    _tile_dpbssd(0, 4, 5);
+    _tile_loadd(6, b + 64, kPackedCols * 4);
+    _tile_dpbssd(1, 4, 6);
+    _tile_loadd(5, b + 128, kPackedCols * 4);
+    _tile_dpbssd(2, 4, 5);
+    _tile_loadd(6, b + 192, kPackedCols * 4);
+    _tile_dpbssd(3, 4, 6);
+  }
+  _tile_stored(0, sums, kPackedCols * 4);
+  _tile_stored(1, sums + 16, kPackedCols * 4);
+  _tile_stored(2, sums + 32, kPackedCols * 4);
+  _tile_stored(3, sums + 48, kPackedCols * 4);
+}
+
+CONVS2S_AMX void w8a8_amx(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
+  const int64_t K4 = packed_k4(g.K);
+  alignas(64) int32_t sums[kAmxRows * kPackedCols];
+  amx_configure();
+  for (int64_t n = n0; n < n1; n += kPackedCols) {
+    const int64_t cols = std::min(kPackedCols, n1 - n);
+    const int8_t* buf = g.packed + (n / kPackedCols) * kPackedBlockBytes(K4);
+    for (int64_t r = 0; r < rows; r += kAmxRows) {
+      amx_block(g, buf, K4, r, sums);
+      // the reference's rounding: (float(sum) * (sx * s)), then + b, never fused
+      for (int64_t v = 0; v * 16 < cols; ++v) {
+        const int64_t left = cols - 16 * v;
+        const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+        const __m512 s = _mm512_maskz_loadu_ps(mask, g.s + n + 16 * v);
+        const __m512 b = g.b ? _mm512_maskz_loadu_ps(mask, g.b + n + 16 * v) : _mm512_setzero_ps();
+        for (int64_t m = 0; m < std::min(kAmxRows, rows - r); ++m) {
+          const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(g.sx[r + m]), s);
+          __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(sums + m * kPackedCols + 16 * v)), scale);
+          asm("" : "+v"(out));
+          if (g.b) out = _mm512_add_ps(out, b);
+          _mm512_mask_storeu_ps(g.y + (r + m) * g.ldy + n + 16 * v, mask, out);
+        }
+      }
+    }
+  }
+  _tile_release();
 }
 
 // ---- AVX2: vpsignb + vpmaddubsw + vpmaddwd, 32 bytes of K per step ----
@@ -323,15 +419,72 @@ CONVS2S_AVX2 void w8a8_avx2(const Operands& g, int64_t rows, int64_t n0, int64_t
       CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (avx2_tile<M, 1>(g, r, n)));
 }
 
+// AVX2 on packed blocks: half a block (32 columns, four vectors of 8 outputs x 4 k) per pass, each
+// row's 4 activation bytes broadcast against it, sign moved as above; no horizontal sums.
+template <int MT>
+CONVS2S_AVX2 inline void avx2_packed_tile(const Operands& g, const int8_t* buf, int64_t K4, int64_t r, int64_t n,
+                                          int64_t cols) {
+  constexpr int V = 4;
+  __m256i acc[MT][V];
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < V; ++v) acc[m][v] = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t k4 = 0; k4 < K4; ++k4) {
+    __m256i wv[V];
+    for (int v = 0; v < V; ++v) wv[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(buf + (k4 * kPackedCols + 8 * v) * 4));
+    for (int m = 0; m < MT; ++m) {
+      int32_t s4, a4;
+      std::memcpy(&s4, g.xq + (r + m) * g.Kp + 4 * k4, 4);
+      std::memcpy(&a4, g.xu + (r + m) * g.Kp + 4 * k4, 4);
+      const __m256i xs = _mm256_set1_epi32(s4), xa = _mm256_set1_epi32(a4);
+      for (int v = 0; v < V; ++v) {
+        const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv[v], xs));
+        acc[m][v] = _mm256_add_epi32(acc[m][v], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < V; ++v)
+      for (int h = 0; h < 2; ++h) {
+        const int64_t c = 8 * v + 4 * h;
+        if (c >= cols) break;
+        const __m128i sums = h ? _mm256_extracti128_si256(acc[m][v], 1) : _mm256_castsi256_si128(acc[m][v]);
+        finish_upto4(g, r + m, n + c, static_cast<int>(std::min<int64_t>(4, cols - c)), sums);
+      }
+}
+
+CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
+  constexpr int MT = 2;  // 8 accumulators + 4 weight vectors + 2 broadcasts + ones of 16 ymm
+  const int64_t K4 = packed_k4(g.K);
+  std::vector<int8_t> scratch;
+  for (int64_t n = n0; n < n1; n += kPackedCols) {
+    const int64_t cols = std::min(kPackedCols, n1 - n);
+    const int8_t* buf = weight_block(g, n, cols, K4, scratch);
+    for (int64_t half = 0; half < cols; half += kPackedCols / 2)
+      for (int64_t r = 0; r < rows; r += MT)
+        CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
+                            (avx2_packed_tile<M>(g, buf + half * 4, K4, r, n + half,
+                                                 std::min<int64_t>(kPackedCols / 2, cols - half))))
+  }
+}
+
 #endif  // CONVS2S_X86
 
 // ---- many rows: the math library's int8 GEMM, where its sums are exact ----
 // torch._int_mm (oneDNN) multiplies int8 by int8 into int32: with AMX-INT8 or VNNI it beats the
-// kernels above from about ten rows on (3-7x at 32-640 rows on the Xeon of bench/results/
-// xeon-amx-2c). Without VNNI oneDNN multiplies with vpmaddubsw, whose int16 pairs saturate, and
+// VNNI kernels above from about ten rows on (3-7x at 32-640 rows on the Xeon of bench/results/
+// xeon-amx-2c), though not the AMX kernel on a packed weight (which it loses to by 2-4x: it
+// rearranges the weight on every call). Without VNNI oneDNN multiplies with vpmaddubsw, whose int16 pairs saturate, and
 // its sums are not exact; so it is used only where a probe with saturating values comes out
 // exact (once per process), and the kernels above run elsewhere.
 constexpr int64_t kLibraryMinRows = 10;
+// Rows from which a kernel on the caller's packed weight beats the others (measured on the Xeon of
+// bench/results/xeon-amx-2c, decoder shapes K 512-4096, N 1024-40000): AMX from 2 rows (1.0-1.3x
+// the reducing VNNI kernel at 2 rows, 2-4x the best other from 5 on; at 1 row up to 1.5x slower),
+// the AVX2 packed kernel from 12 (0.7-0.9x the reducing one from 12, up to 2.5x slower at 1).
+// With VNNI but no AMX the packed block kernel runs where packing per call already paid.
+constexpr int64_t kAmxMinRows = 2;
+constexpr int64_t kAvx2PackedMinRows = 12;
 
 bool library_sums_exact() {
   static const bool exact = [] {
@@ -381,12 +534,11 @@ void finish_from_sums(const Operands& g, int64_t M, const int32_t* sums) {
   });
 }
 
-// Columns per task: whole 64-row blocks of the weight per thread.
-constexpr int64_t kBlock = 64;
 
 }  // namespace
 
 const char* linear_w8a8_isa() {
+  if (kernel_has_amx_int8()) return "amx-int8";
   if (kernel_has_vnni()) return "avx512-vnni";
 #ifdef CONVS2S_X86
   if (kernel_isa() != Isa::base) return "avx2";
@@ -396,43 +548,74 @@ const char* linear_w8a8_isa() {
 
 bool linear_w8a8_library_exact() { return library_sums_exact(); }
 
+void check_packed(const at::Tensor& packed, int64_t N, int64_t K) {
+  const int64_t blocks = (N + kPackedCols - 1) / kPackedCols, K4 = packed_k4(K);
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.is_contiguous() && packed.dim() == 4 &&
+                  packed.size(0) == blocks && packed.size(1) == K4 && packed.size(2) == kPackedCols &&
+                  packed.size(3) == 4,
+              "linear_w8a8: packed must be pack_w8a8_weight(qweight): contiguous int8 (", blocks, ", ", K4, ", ",
+              kPackedCols, ", 4)");
+  TORCH_CHECK(packed.device().is_cpu(), "linear_w8a8: packed must be on the CPU");
+}
+
 at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                            const c10::optional<at::Tensor>& bias, int64_t packed) {
+                            const c10::optional<at::Tensor>& bias, int64_t kernel,
+                            const c10::optional<at::Tensor>& packed) {
   CONVS2S_CHECK_CPU(x);
   check_int8_linear_args("linear_w8a8", x, qweight, scale);
   TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == qweight.size(0)),
               "linear_w8a8: bias must be (N,)");
+  TORCH_CHECK(kernel >= -1 && kernel <= 3, "linear_w8a8: kernel is -1 (auto), 0, 1, 2 or 3, got ", kernel);
   RECORD_FUNCTION("convs2s::linear_w8a8", std::vector<c10::IValue>());
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
   TORCH_CHECK(K <= 65536, "linear_w8a8: at most 65536 input features (int32 sums), got ", K);
+  if (packed.has_value()) check_packed(*packed, N, K);
+  TORCH_CHECK(kernel != 3 || (packed.has_value() && kernel_has_amx_int8()),
+              "linear_w8a8: the AMX kernel needs AMX-INT8 (uncapped) and a packed weight");
   at::Tensor y = new_output({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   const at::Tensor xc = x.contiguous(), qc = qweight.contiguous(), sc = scale.contiguous();
   const at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const bool vnni = kernel_has_vnni();
-  const bool library = packed == 2 || (packed < 0 && M >= kLibraryMinRows && library_sums_exact());
-  // the kernels read whole vectors (one spare: full loads never leave the buffer); the library
-  // takes the signed rows alone, unpadded
+  const Isa isa = kernel_isa();
+  // AMX tiles on a packed weight whenever the CPU has them: the weight's bytes are the only cost
+  const bool amx = kernel == 3 || (kernel < 0 && packed.has_value() && M >= kAmxMinRows && kernel_has_amx_int8());
+  const bool library = !amx && (kernel == 2 || (kernel < 0 && M >= kLibraryMinRows && library_sums_exact()));
+  // The packed block kernel: VNNI where packing per call pays (reading the caller's packed weight
+  // if there is one), AVX2 on the caller's packed weight from kAvx2PackedMinRows; the baseline has one kernel.
+  const bool use_packed =
+      kernel == 1 || (kernel < 0 && (vnni ? packed_pays(M, K)
+                                          : packed.has_value() && isa != Isa::base && M >= kAvx2PackedMinRows));
+  // the kernels read whole vectors (one spare: full loads never leave the buffer) and AMX whole
+  // 16-row tiles (zero rows past M); the library takes the signed rows alone, unpadded
   const int64_t Kp = library ? K : (K + kPad - 1) / kPad * kPad + kPad;
-  std::vector<int8_t> xq(M * Kp);
-  std::vector<uint8_t> xu(library ? 0 : M * Kp);
+  const int64_t rows_alloc = amx ? (M + kAmxRows - 1) / kAmxRows * kAmxRows : M;
+  std::vector<int8_t> xq(rows_alloc * Kp);
+  const bool unsigned_copy = !library && !amx;
+  std::vector<uint8_t> xu(unsigned_copy ? M * Kp : 0);
   std::vector<float> sx(M);
   const float* xp = xc.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m)
-    quantize_row(xp + m * K, K, &xq[m * Kp], library ? nullptr : &xu[m * Kp], Kp, vnni, &sx[m]);
+  // rows in parallel once there are enough of them to pay for waking the other threads
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      quantize_row(xp + m * K, K, &xq[m * Kp], unsigned_copy ? &xu[m * Kp] : nullptr, Kp, vnni, &sx[m]);
+  });
   const Operands g{xq.data(), xu.data(), Kp, qc.data_ptr<int8_t>(), N, K, sx.data(), sc.data_ptr<float>(),
-                   bf.defined() ? bf.data_ptr<float>() : nullptr, y.data_ptr<float>(), N};
+                   bf.defined() ? bf.data_ptr<float>() : nullptr, y.data_ptr<float>(), N,
+                   packed.has_value() ? packed->data_ptr<int8_t>() : nullptr};
   if (library) {
     const at::Tensor sums = at::_int_mm(at::from_blob(xq.data(), {M, K}, at::kChar), qc.t()).contiguous();
     finish_from_sums(g, M, sums.data_ptr<int32_t>());
     return y;
   }
-  const Isa isa = kernel_isa();
-  const bool use_packed = packed < 0 ? packed_pays(M, K) : packed > 0;
-  at::parallel_for(0, N, kBlock, [&](int64_t n0, int64_t n1) {
+  // whole 64-column blocks per task (a packed weight is laid out in them)
+  const int64_t blocks = (N + kPackedCols - 1) / kPackedCols;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    const int64_t n0 = b0 * kPackedCols, n1 = std::min(N, b1 * kPackedCols);
 #ifdef CONVS2S_X86
+    if (amx) return w8a8_amx(g, M, n0, n1);
     if (vnni) return use_packed ? w8a8_vnni_packed(g, M, n0, n1) : w8a8_vnni(g, M, n0, n1);
-    if (isa != Isa::base) return w8a8_avx2(g, M, n0, n1);
+    if (isa != Isa::base) return use_packed ? w8a8_avx2_packed(g, M, n0, n1) : w8a8_avx2(g, M, n0, n1);
 #endif
     w8a8_base(g, M, n0, n1);
   });
@@ -442,8 +625,8 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
 }
 
 at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                       const c10::optional<at::Tensor>& bias) {
-  return linear_w8a8_with(x, qweight, scale, bias, -1);
+                       const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& packed) {
+  return linear_w8a8_with(x, qweight, scale, bias, -1, packed);
 }
 
 }  // namespace convs2s

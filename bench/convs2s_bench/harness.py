@@ -80,6 +80,7 @@ def rotating(tensor: torch.Tensor, device: torch.device):
         state["i"] = (state["i"] + 1) % count
         return copies[state["i"]]
 
+    next_copy.count = count  # rounds until the first copy comes back
     return next_copy
 
 

@@ -12,7 +12,7 @@ from .conv_step import conv_step, conv_step_ref
 from .decoder_step import StepAttention, StepLayer, decoder_step, decoder_step_ref
 from .linear import linear, linear_ref
 from .linear_int8 import linear_int8, linear_int8_ref, quantize_int8
-from .linear_w8a8 import linear_w8a8, linear_w8a8_ref, quantize_rows_int8
+from .linear_w8a8 import linear_w8a8, linear_w8a8_ref, pack_w8a8_weight, quantize_rows_int8
 
 # the ops with a Triton backend (their folders hold triton.py)
 TRITON_OPS = ("conv_glu", "attention_embsum", "conv_step")
@@ -23,6 +23,6 @@ __all__ = [
     "conv_glu_ref", "attention_embsum_ref", "conv_step_ref", "linear_ref", "linear_int8_ref", "linear_w8a8_ref",
     "decoder_step_ref",
     "beam_candidates_ref", "search_rules_ref", "beam_update_ref",
-    "BeamCandidates", "FinishedHypotheses", "conv_padding", "source_key_mask", "quantize_int8", "quantize_rows_int8", "StepLayer",
+    "BeamCandidates", "FinishedHypotheses", "conv_padding", "source_key_mask", "quantize_int8", "quantize_rows_int8", "pack_w8a8_weight", "StepLayer",
     "StepAttention", "TRITON_OPS",
 ]

@@ -2,6 +2,7 @@
 loop over the other ops' references): float and int8 layers (float or int8 activations), projected and plain residuals,
 layers with and without attention, padded sources, repeated beam parents; and the input errors."""
 
+import dataclasses
 import math
 
 import pytest
@@ -34,7 +35,12 @@ def step_layer(c_in, c_out, k, residual, attention, B, S, int8, dtype, c_prev):
         att = ck.StepAttention(*(torch.randn(B, S, c_out, dtype=dtype) / math.sqrt(c_out) for _ in range(1)),
                                torch.randn(B, S, dtype=dtype), torch.randn(B, S, c_out, dtype=dtype),
                                (0.1 * torch.randn(c_out)).to(dtype))
-    return ck.StepLayer(w, b, scale, residual, attention=att, int8_activations=int8 == "w8a8", **proj)
+    if int8 == "w8a8-packed":  # the cpp kernels' layout of each int8 weight, made once
+        proj.update(conv_packed=ck.pack_w8a8_weight(w))
+        if "proj_scale" in proj:
+            proj.update(proj_packed=ck.pack_w8a8_weight(proj["proj_weight"]))
+    return ck.StepLayer(w, b, scale, residual, attention=att, int8_activations=int8 in ("w8a8", "w8a8-packed"),
+                        **proj)
 
 
 def make_step(B, beam, S, int8=False, dtype=torch.float32):
@@ -52,8 +58,8 @@ def make_step(B, beam, S, int8=False, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("int8,dtype", [(False, torch.float32), (False, torch.bfloat16), (True, torch.float32),
-                                        ("w8a8", torch.float32)],
-                         ids=["fp32", "bf16", "int8_weights", "w8a8"])  # int8 weights take fp32 activations
+                                        ("w8a8", torch.float32), ("w8a8-packed", torch.float32)],
+                         ids=["fp32", "bf16", "int8_weights", "w8a8", "w8a8_packed"])  # int8 weights take fp32 activations
 @pytest.mark.parametrize("B,beam,S", [(1, 1, 1), (2, 3, 5), (3, 2, 9)])
 @pytest.mark.parametrize("need_attn", [True, False], ids=["attn", "no_attn"])
 @torch.no_grad()
@@ -106,6 +112,13 @@ def test_decoder_step_bad_inputs_name_the_problem():
         ck.decoder_step(x, states, bad, emb, pad, lengths)
     with pytest.raises(ValueError, match=r"beam_index values must lie in \[0, 3\]"):
         ck.decoder_step(x, states, layers, emb, pad, lengths, torch.tensor([0, 1, 2, 4]))
+    with pytest.raises(ValueError, match=r"layers\[0\].conv_packed is for int8 weights with int8 activations"):
+        bad = [dataclasses.replace(layers[0], conv_packed=torch.zeros(1, 16, 64, 4, dtype=torch.int8))]
+        ck.decoder_step(x, states, bad + list(layers[1:]), emb, pad, lengths)
+    x, states, layers, emb, pad, lengths = make_step(2, 2, 4, int8="w8a8-packed")
+    with pytest.raises(ValueError, match="packed is not pack_w8a8_weight"):
+        stale = [dataclasses.replace(layers[0], conv_packed=ck.pack_w8a8_weight(-layers[0].conv_weight))]
+        ck.decoder_step(x, states, stale + list(layers[1:]), emb, pad, lengths)
 
 
 @torch.no_grad()

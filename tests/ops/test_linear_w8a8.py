@@ -56,6 +56,59 @@ def test_every_kernel_matches_the_reference(rows, K, N):
         assert torch.equal(native.linear_w8a8_with(x, q, s, None, kernel), ck.linear_w8a8_ref(x, q, s))
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 12, 17, 64, 160])
+@pytest.mark.parametrize("K,N", [(1, 1), (7, 65), (96, 200), (130, 129), (512, 1001), (1536, 64)])
+@torch.no_grad()
+def test_packed_weight_matches_the_reference(rows, K, N):
+    """With ``packed`` (the weight laid out once) every kernel that reads it, and auto's choice,
+    equals the reference bit for bit, odd K and N included (the layout's zero padding)."""
+    x, q, s, b = _case(rows, K, N, seed=3 * rows + N)
+    packed = ck.pack_w8a8_weight(q)
+    want = ck.linear_w8a8_ref(x, q, s, b)
+    runnable("cpp", "linear_w8a8", x, q, s, b)
+    assert torch.equal(ck.linear_w8a8(x, q, s, b, packed=packed, backend="cpp"), want)
+    assert torch.equal(ck.linear_w8a8(x, q, s, b, packed=packed, backend="reference"), want)
+    native = ck.extension.native()
+    kernels = (-1, 0, 1) + ((3,) if native.linear_w8a8_isa() == "amx-int8" else ())
+    for kernel in kernels:
+        assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, packed), want), f"kernel {kernel}"
+    wide = torch.randn(rows, 2 * K)
+    assert torch.equal(ck.linear_w8a8(wide[:, ::2], q, s, packed=packed, backend="cpp"),
+                       ck.linear_w8a8_ref(wide[:, ::2], q, s))
+
+
+def test_pack_w8a8_weight_layout():
+    """``packed[b, k4, c, j] = qweight[64 b + c, 4 k4 + j]``, zero past N and past K rounded to 64."""
+    q = torch.randint(-127, 128, (70, 9), dtype=torch.int8)
+    q[q == 0] = 1
+    p = ck.pack_w8a8_weight(q)
+    assert p.shape == (2, 16, 64, 4) and p.dtype == torch.int8 and p.is_contiguous()
+    for n, k in ((0, 0), (5, 8), (63, 4), (64, 1), (69, 8)):
+        assert p[n // 64, k // 4, n % 64, k % 4] == q[n, k]
+    assert int(p.abs().gt(0).sum()) == q.numel(), "every weight once, zeros elsewhere"
+    assert ck.pack_w8a8_weight(torch.ones(1, 65, dtype=torch.int8)).shape == (1, 32, 64, 4)
+    with pytest.raises(TypeError, match="pack_w8a8_weight takes an int8 \\(N, K\\) qweight"):
+        ck.pack_w8a8_weight(q.float())
+
+
+@pytest.mark.parametrize("cap", ["avx2", "baseline"])
+def test_packed_weight_under_isa_caps(cap):
+    """The AVX2 packed kernel (and the baseline, which ignores the layout) equal the reference."""
+    require_or_skip("cpp")
+    code = ("import torch, convs2s_kernels as ck\n"
+            "native = ck.extension.native()\n"
+            "for rows, K, N in ((1, 33, 7), (2, 96, 200), (3, 130, 129), (12, 512, 300), (161, 64, 65)):\n"
+            "    x, w, b = torch.randn(rows, K) * 5, torch.randn(N, K) / K ** 0.5, torch.randn(N)\n"
+            "    q, s = ck.quantize_int8(w)\n"
+            "    q[:, ::3] = 127  # full-scale weights\n"
+            "    p, want = ck.pack_w8a8_weight(q), ck.linear_w8a8_ref(x, q, s, b)\n"
+            "    for kernel in (-1, 0, 1):\n"
+            "        assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, p), want), (rows, K, N, kernel)\n")
+    env = dict(os.environ, CONVS2S_KERNELS_ISA=cap, ONEDNN_MAX_CPU_ISA="AVX2")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 @torch.no_grad()
 def test_repeated_and_zero_rows():
     """Beam rows repeat their parents: equal rows give equal outputs; a row of zeros gives the bias."""
@@ -83,7 +136,8 @@ def test_reference_error_is_bounded_by_both_quantisations():
     assert torch.all((y.double() - exact).abs() <= bound + 1e-5)
 
 
-@pytest.mark.parametrize("cap,expected", [("avx2", ("avx2", "baseline")), ("baseline", ("baseline",))])
+@pytest.mark.parametrize("cap,expected", [("avx512", ("avx512-vnni", "avx2", "baseline")), ("avx2", ("avx2", "baseline")),
+                                          ("baseline", ("baseline",))])
 @pytest.mark.parametrize("onednn_cap", [None, "AVX2"])
 def test_kernels_isa_caps_the_int8_kernel(cap, expected, onednn_cap):
     """Under ``CONVS2S_KERNELS_ISA`` the capped kernel runs and still equals the reference; with
@@ -95,7 +149,9 @@ def test_kernels_isa_caps_the_int8_kernel(cap, expected, onednn_cap):
             "    x, w, b = torch.randn(rows, K) * 5, torch.randn(N, K) / K ** 0.5, torch.randn(N)\n"
             "    q, s = ck.quantize_int8(w)\n"
             "    q[:, ::3] = 127  # full-scale weights: int16 pairs saturate on a vpmaddubsw path\n"
-            "    assert torch.equal(ck.linear_w8a8(x, q, s, b, backend='cpp'), ck.linear_w8a8_ref(x, q, s, b))\n"
+            "    want = ck.linear_w8a8_ref(x, q, s, b)\n"
+            "    assert torch.equal(ck.linear_w8a8(x, q, s, b, backend='cpp'), want)\n"
+            "    assert torch.equal(ck.linear_w8a8(x, q, s, b, packed=ck.pack_w8a8_weight(q), backend='cpp'), want)\n"
             "print(int8_kernel_isa())\n")
     env = dict(os.environ, CONVS2S_KERNELS_ISA=cap, **({"ONEDNN_MAX_CPU_ISA": onednn_cap} if onednn_cap else {}))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -121,3 +177,9 @@ def test_linear_w8a8_errors_name_the_problem():
     bad[1, 2] = -128
     with pytest.raises(ValueError, match="qweight holds -128: linear_w8a8 takes int8 weights in \\[-127, 127\\]"):
         ck.linear_w8a8(x, bad, s)
+    with pytest.raises(ValueError, match=r"packed must be pack_w8a8_weight\(qweight\): int8 \(1, 16, 64, 4\), got"):
+        ck.linear_w8a8(x, q, s, packed=torch.zeros(1, 3, 64, 4, dtype=torch.int8))
+    other = q.clone()
+    other[0, 0] = -other[0, 0] if int(other[0, 0]) else 1
+    with pytest.raises(ValueError, match="packed is not pack_w8a8_weight\\(qweight\\)"):
+        ck.linear_w8a8(x, q, s, packed=ck.pack_w8a8_weight(other))

@@ -8,6 +8,7 @@ import torch
 
 from ..._checks import check_index, check_shape, check_tensor
 from ...dispatch import resolve
+from ..linear_w8a8.api import check_packed
 from .layers import StepLayer
 
 __all__ = ["decoder_step", "decoder_step_tensors"]
@@ -27,6 +28,14 @@ def _check_layers(states, layers, x: torch.Tensor) -> None:
             raise TypeError(f"layers[{i}] must be a convs2s_kernels.StepLayer, got {type(layer).__name__}")
         if not 0 <= layer.residual <= i + 1:
             raise ValueError(f"layers[{i}].residual = {layer.residual} reaches before the first layer's input")
+        for part in ("conv", "proj"):
+            packed = getattr(layer, f"{part}_packed")
+            if packed is None:
+                continue
+            if getattr(layer, f"{part}_scale") is None or not layer.int8_activations:
+                raise ValueError(f"layers[{i}].{part}_packed is for int8 weights with int8 activations "
+                                 f"({part}_scale set, int8_activations=True)")
+            check_packed(getattr(layer, f"{part}_weight"), packed)
         check_tensor(f"states[{i}]", states[i], 3)
         if states[i].device != x.device:
             raise ValueError(f"states[{i}] is on {states[i].device} but x is on {x.device}")

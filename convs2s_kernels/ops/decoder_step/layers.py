@@ -31,7 +31,8 @@ class StepLayer:
     back the residual comes from (0: none), projected by ``proj_weight (C, C_res)`` (int8 with
     ``proj_scale``) when the widths differ. ``attention`` is None for a layer without one.
     ``int8_activations``: the int8 products quantise their inputs per row too (``linear_w8a8``)
-    instead of keeping them float32 (``linear_int8``).
+    instead of keeping them float32 (``linear_int8``); ``conv_packed`` / ``proj_packed`` are then
+    :func:`convs2s_kernels.pack_w8a8_weight` of the int8 weights, for the cpp kernels (optional).
     """
 
     conv_weight: torch.Tensor
@@ -43,3 +44,5 @@ class StepLayer:
     proj_scale: Optional[torch.Tensor] = None
     attention: Optional[StepAttention] = None
     int8_activations: bool = False
+    conv_packed: Optional[torch.Tensor] = None
+    proj_packed: Optional[torch.Tensor] = None

@@ -13,6 +13,6 @@ Tests: ``tests/ops/test_linear_w8a8.py``; benchmark: ``bench/test_bench_linear.p
 from ...dispatch import register
 from . import cpp  # noqa: F401  (registers the cpp backend's implementation)
 from .api import linear_w8a8
-from .reference import linear_w8a8_ref, quantize_rows_int8
+from .reference import linear_w8a8_ref, pack_w8a8_weight, quantize_rows_int8
 
 register("reference", "linear_w8a8", linear_w8a8_ref)

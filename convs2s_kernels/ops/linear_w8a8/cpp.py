@@ -9,9 +9,9 @@ from ..linear_int8.api import linear_int8_tensors
 from ..linear_int8.cpp import CAPABILITY
 
 
-def linear_w8a8_cpp(x, qweight, scale, bias=None):
+def linear_w8a8_cpp(x, qweight, scale, bias=None, packed=None):
     lead = x.shape[:-1]
-    y = native().linear_w8a8(x.reshape(-1, x.shape[-1]), qweight, scale, bias)
+    y = native().linear_w8a8(x.reshape(-1, x.shape[-1]), qweight, scale, bias, packed)
     return y.view(*lead, qweight.shape[0])
 
 

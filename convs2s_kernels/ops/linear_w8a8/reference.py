@@ -6,7 +6,9 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["quantize_rows_int8", "linear_w8a8_ref"]
+__all__ = ["quantize_rows_int8", "pack_w8a8_weight", "linear_w8a8_ref"]
+
+PACKED_COLUMNS = 64  # output columns per block of the packed layout
 
 
 def quantize_rows_int8(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -22,14 +24,37 @@ def quantize_rows_int8(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return xq, sx
 
 
+def packed_shape(N: int, K: int) -> Tuple[int, int, int, int]:
+    """The shape of :func:`pack_w8a8_weight` of an ``(N, K)`` weight."""
+    return -(-N // PACKED_COLUMNS), 16 * -(-K // 64), PACKED_COLUMNS, 4
+
+
+def pack_w8a8_weight(qweight: torch.Tensor) -> torch.Tensor:
+    """``qweight (N, K)`` int8 rearranged for the cpp kernels of ``linear_w8a8``: blocks of 64 output
+    columns, in each block 4 consecutive ``k`` of every column side by side (one 64-byte vector holds
+    4 ``k`` of 16 outputs, what an integer dot-product instruction takes; 16 such groups are one AMX
+    tile), zero past ``N`` and past ``K`` rounded up to 64.
+
+    Returns int8 ``(ceil(N / 64), 16 ceil(K / 64), 64, 4)``: ``packed[b, k4, c, j] = qweight[64 b + c, 4 k4 + j]``.
+    Packing once per weight saves the kernels a rearranging pass on every call.
+    """
+    if qweight.dtype != torch.int8 or qweight.dim() != 2:
+        raise TypeError(f"pack_w8a8_weight takes an int8 (N, K) qweight, got {qweight.dtype} {tuple(qweight.shape)}")
+    N, K = qweight.shape
+    blocks, k4 = packed_shape(N, K)[:2]
+    padded = qweight.new_zeros(blocks * PACKED_COLUMNS, k4 * 4)
+    padded[:N, :K] = qweight
+    return padded.view(blocks, PACKED_COLUMNS, k4, 4).transpose(1, 2).contiguous()
+
+
 def linear_w8a8_ref(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
-                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    bias: Optional[torch.Tensor] = None, packed: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``(xq @ qweight.T) * sx[:, None] * scale + bias`` with ``xq, sx = quantize_rows_int8(x)``.
 
     Shapes: ``x (..., K)`` floating, ``qweight (N, K)`` int8, ``scale (N,)``, ``bias (N,)``. The
     integer sums are exact (float64 holds them: |sum| <= 127² K); then, in float32, the two scales'
     product, one multiply and one add, so a kernel with exact integer sums agrees to the last bit.
-    Returns float32.
+    ``packed`` (``pack_w8a8_weight(qweight)``, for the kernels) is not read here. Returns float32.
     """
     lead = x.shape[:-1]
     xq, sx = quantize_rows_int8(x.reshape(-1, x.shape[-1]))
