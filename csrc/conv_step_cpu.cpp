@@ -42,23 +42,17 @@ void gather_shift_append(const at::Tensor& x_t, const at::Tensor& state, const i
 
 }  // namespace
 
-std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t_in, const at::Tensor& state_in,
-                                          const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                                          const c10::optional<at::Tensor>& beam_index) {
+at::Tensor conv_window(const at::Tensor& x_t_in, const at::Tensor& state_in,
+                       const c10::optional<at::Tensor>& beam_index) {
   CONVS2S_CHECK_CPU(x_t_in);
   CONVS2S_CHECK_CPU(state_in);
-  CONVS2S_CHECK_CPU(weight);
   CONVS2S_CHECK_DIM(x_t_in, 2);
   CONVS2S_CHECK_DIM(state_in, 3);
-  CONVS2S_CHECK_DIM(weight, 3);
   const at::Tensor x_t = last_dim_contiguous(x_t_in);
   const at::Tensor state = last_dim_contiguous(state_in);
-  TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous (k, C_in, 2C)");
-  const int64_t rows = x_t.size(0), c_in = x_t.size(1);
-  const int64_t k = weight.size(0), c2 = weight.size(2);
-  TORCH_CHECK(weight.size(1) == c_in && c2 % 2 == 0, "weight must be (k, C_in, 2C)");
-  TORCH_CHECK(state.size(1) == k - 1 && state.size(2) == c_in, "state must be (N_prev, k-1, C_in)");
-
+  const int64_t rows = x_t.size(0), c_in = x_t.size(1), k = state.size(1) + 1;
+  TORCH_CHECK(state.size(2) == c_in && state.scalar_type() == x_t.scalar_type(),
+              "state must be (N_prev, k-1, C_in) in x_t's dtype");
   at::Tensor parent;
   const int64_t* parent_ptr = nullptr;
   if (beam_index.has_value()) {
@@ -68,18 +62,33 @@ std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t_in, const at::Te
   } else {
     TORCH_CHECK(state.size(0) == rows, "state rows must equal x_t rows without beam_index");
   }
-
   at::Tensor window = new_output({rows, k, c_in}, x_t.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x_t.scalar_type(), "conv_step_gather", [&] {
     gather_shift_append<scalar_t>(x_t, state, parent_ptr, window);
   });
+  return window;
+}
+
+std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
+                                          const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                                          const c10::optional<at::Tensor>& beam_index) {
+  CONVS2S_CHECK_CPU(weight);
+  CONVS2S_CHECK_DIM(weight, 3);
+  TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous (k, C_in, 2C)");
+  CONVS2S_CHECK_DIM(x_t, 2);
+  CONVS2S_CHECK_DIM(state, 3);
+  const int64_t rows = x_t.size(0), c_in = x_t.size(1);
+  const int64_t k = weight.size(0), c2 = weight.size(2);
+  TORCH_CHECK(weight.size(1) == c_in && c2 % 2 == 0, "weight must be (k, C_in, 2C)");
+  TORCH_CHECK(state.size(1) == k - 1 && state.size(2) == c_in, "state must be (N_prev, k-1, C_in)");
+  const at::Tensor window = conv_window(x_t, state, beam_index);
 
   const at::Tensor flat = window.view({rows, k * c_in});
   const at::Tensor w2 = weight.view({k * c_in, c2});
   const at::Tensor pre = measured_product(flat, w2, bias, /*w_is_nk=*/false);
 
-  at::Tensor out = new_output({rows, c2 / 2}, x_t.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x_t.scalar_type(), "conv_step_glu", [&] {
+  at::Tensor out = new_output({rows, c2 / 2}, window.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, window.scalar_type(), "conv_step_glu", [&] {
     glu_epilogue<scalar_t>(pre.data_ptr<scalar_t>(), nullptr, 1.0, rows, c2 / 2, out.data_ptr<scalar_t>());
   });
   return {out, window.narrow(1, 1, k - 1)};

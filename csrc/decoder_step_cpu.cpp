@@ -4,11 +4,16 @@
 // residual sum): about a hundred small operations whose Python dispatch costs as much as the
 // arithmetic. This runs the same operations, through the same kernels (few-row products, the
 // conv step, ATen's batched products and softmax), from C++, so the outputs equal the Python
-// loop's up to nothing but the order of identical operations.
+// loop's up to nothing but the order of identical operations; except the float32 folded attention,
+// which runs through the few-row kernels and a softmax loop of its own (equal within float rounding).
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "common.h"
 #include "kernels.h"
@@ -39,10 +44,62 @@ std::pair<at::Tensor, at::Tensor> conv_step(const at::Tensor& x, const at::Tenso
     auto out = conv_step_forward(x, state, w, bias, parents);
     return {out[0], out[1]};
   }
-  const at::Tensor prev = parents.has_value() ? state.index_select(0, *parents) : state;
-  const at::Tensor window = at::cat({prev, x.unsqueeze(1)}, 1);
+  const at::Tensor window = conv_window(x, state, parents);
   const at::Tensor pre = linear(window.view({window.size(0), -1}), w, scale, bias, int8_x, packed);
   return {at::glu(pre, -1), window.slice(1, 1)};
+}
+
+// One layer's folded attention for float32 activations (convs2s.decoder.FoldedAttention.step),
+// sentence by sentence through the few-row kernels and one loop for the masked softmax, instead of
+// a dozen ATen calls (each ~10 us of dispatch and allocation around a few microseconds of work):
+//   p = softmax_s(((emb + z_bias) + h . z_in) sqrt(1/2), masked), out = ((p sqrt(len)) y_out + b_out + h) sqrt(1/2).
+// Returns out (N, C) and, when need_attn, p (N, S).
+std::pair<at::Tensor, at::Tensor> folded_attention_f32(const at::Tensor& x, const at::Tensor& emb_scores,
+                                                       const at::Tensor& z_in, const at::Tensor& z_bias,
+                                                       const at::Tensor& y_out, const at::Tensor& b_out,
+                                                       const at::Tensor& pad_mask, const at::Tensor& src_scale,
+                                                       bool need_attn) {
+  const int64_t N = x.size(0), C = x.size(1), B = emb_scores.size(0), beam = emb_scores.size(1),
+                S = emb_scores.size(2);
+  const at::Tensor xc = x.contiguous(), ec = emb_scores.contiguous(), zc = z_in.contiguous(),
+                   zb = z_bias.contiguous(), yc = y_out.contiguous(), bc = b_out.contiguous(),
+                   pm = pad_mask.contiguous(), ls = src_scale.contiguous();
+  at::Tensor out = at::empty({N, C}, x.options());
+  at::Tensor attn = need_attn ? at::empty({N, S}, x.options()) : at::Tensor();
+  const float *xp = xc.data_ptr<float>(), *ep = ec.data_ptr<float>(), *zp = zc.data_ptr<float>(),
+              *zbp = zb.data_ptr<float>(), *yp = yc.data_ptr<float>(), *bp = bc.data_ptr<float>(),
+              *lp = ls.data_ptr<float>();
+  const bool* mp = pm.data_ptr<bool>();
+  float* op = out.data_ptr<float>();
+  float* ap = need_attn ? attn.data_ptr<float>() : nullptr;
+  const float half = static_cast<float>(kSqrtHalf);
+  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> p(beam * S);
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* h = xp + b * beam * C;
+      small_gemm_nk<float>(beam, h, C, zp + b * S * C, S, C, nullptr, p.data(), S);
+      for (int64_t r = 0; r < beam; ++r) {
+        float* row = p.data() + r * S;
+        const float* e = ep + (b * beam + r) * S;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t s = 0; s < S; ++s) {
+          float v = ((e[s] + zbp[b * S + s]) + row[s]) * half;
+          if (mp[b * S + s]) v = -std::numeric_limits<float>::infinity();
+          row[s] = v;
+          top = std::max(top, v);
+        }
+        float sum = 0.f;
+        for (int64_t s = 0; s < S; ++s) sum += (row[s] = std::exp(row[s] - top));
+        for (int64_t s = 0; s < S; ++s) row[s] /= sum;
+        if (ap) std::memcpy(ap + (b * beam + r) * S, row, S * sizeof(float));
+        for (int64_t s = 0; s < S; ++s) row[s] *= lp[b];
+      }
+      float* o = op + b * beam * C;
+      small_gemm_kn<float>(beam, p.data(), S, yp + b * S * C, S, C, bp, o, C);
+      for (int64_t i = 0; i < beam * C; ++i) o[i] = (o[i] + h[i]) * half;
+    }
+  });
+  return {out, attn};
 }
 
 }  // namespace
@@ -85,7 +142,19 @@ std::vector<at::Tensor> decoder_layers_step(
                              conv_packed[i]);
     x = stepped.first;
     new_states.push_back(stepped.second);
-    if (z_in[i].has_value()) {  // folded attention (convs2s.decoder.FoldedAttention.step)
+    const bool fast_attention = x.scalar_type() == at::kFloat && beam <= kSmallGemmMaxRows && z_in[i].has_value() &&
+                                z_in[i]->scalar_type() == at::kFloat && y_out[i]->scalar_type() == at::kFloat &&
+                                z_bias[i]->scalar_type() == at::kFloat && b_out[i]->scalar_type() == at::kFloat &&
+                                emb_scores.scalar_type() == at::kFloat && pad_mask.scalar_type() == at::kBool;
+    if (fast_attention) {
+      auto att = folded_attention_f32(x, emb_scores, *z_in[i], *z_bias[i], *y_out[i], *b_out[i], pad_mask,
+                                      length_scale.view({-1}), need_attn);
+      x = att.first;
+      if (need_attn) {
+        const at::Tensor a = att.second / static_cast<double>(L);
+        attn_sum = attn_sum.defined() ? attn_sum + a : a;
+      }
+    } else if (z_in[i].has_value()) {  // folded attention (convs2s.decoder.FoldedAttention.step)
       const at::Tensor h = x.view({B, beam, -1});
       at::Tensor scores = at::baddbmm(emb_scores + z_bias[i]->unsqueeze(1), h, z_in[i]->transpose(1, 2)) * kSqrtHalf;
       scores = scores.to(acc_type).masked_fill(mask, -std::numeric_limits<double>::infinity());

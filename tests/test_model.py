@@ -335,8 +335,10 @@ def test_int8_decoding_is_close_to_fp32_and_equal_across_backends(activations):
 
 @pytest.mark.parametrize("variant", ["fp32", "bf16", "int8", "int8-weights-only"])
 def test_one_call_decoder_step_equals_the_layer_loop(variant):
-    """The layers of a step in one C++ call give the Python loop's results exactly, through beam
-    reorders and finished sentences leaving the batch."""
+    """The layers of a step in one C++ call give the Python loop's results through beam reorders and
+    finished sentences leaving the batch: exactly where both run the same ATen calls (bf16), within
+    float rounding where the one-call step runs the float32 attention in its own loop (the same
+    hypotheses, scores to 1e-6)."""
     require_or_skip("cpp")
     model = small("custom", **CUSTOM).use_backend("cpp")
     if variant == "bf16":
@@ -349,11 +351,16 @@ def test_one_call_decoder_step_equals_the_layer_loop(variant):
         runs[one_call] = convs2s.generate(model, sources, beam=3, nbest=3, max_len_b=7, fold_attention=True,
                                           return_attention=True)
     model.decoder.fused_step = True
+    exact = variant == "bf16"
     for a, b in zip(runs[True], runs[False]):
         for h, g in zip(a, b):
             assert h["tokens"].tolist() == g["tokens"].tolist()
-            assert h["score"] == g["score"]
-            assert torch.equal(h["attention"], g["attention"])
+            if exact:
+                assert h["score"] == g["score"]
+                assert torch.equal(h["attention"], g["attention"])
+            else:
+                assert abs(h["score"] - g["score"]) <= 1e-6 * max(1.0, abs(g["score"]))
+                torch.testing.assert_close(h["attention"], g["attention"], atol=1e-6, rtol=1e-5)
     with torch.no_grad():
         state = model.init_decoder_state(model.encode(torch.tensor([s + [2] for s in sources])), 1, fold_attention=True)
         model.decode_step(torch.full((4,), 2), state)
