@@ -27,7 +27,8 @@ def _shape(module: nn.Module) -> List[Shape]:
     else:  # a plain nn.Linear (fc3 tied to the target embedding) runs F.linear, never the kernels
         return []
     if isinstance(module, WeightNormed) and module.use_int8:
-        # int8 activations run linear_w8a8, which has one kernel per instruction set: nothing to choose
+        # int8 activations run linear_w8a8, whose kernel follows thresholds measured once per kernel
+        # (csrc/linear_w8a8_cpu.cpp: AMX from 2 rows on a packed weight, ...): nothing for the tuner
         return [] if module.int8_activations else [Shape("nk", "int8", K, N)]
     dtype = _DTYPES.get(module.bias.dtype)
     return [] if dtype is None else [Shape(form, dtype, K, N)]  # float64: the kernels do not take it
