@@ -3,8 +3,9 @@
 Used by :meth:`convs2s.decoder.Decoder.forward_step` when the op's cpp backend may run the step:
 folded attention, inference (no autograd, eval mode), CPU float32/bf16 activations, and a
 backend request that allows cpp (``auto``, or a list naming ``cpp``). It runs the same
-operations through the same kernels as the Python loop, so the outputs are the same; what it
-removes is Python's per-operation overhead (about a hundred calls per step).
+operations through the same kernels as the Python loop (the float32 folded attention through the
+few-row kernels and a softmax loop of its own), so the outputs are the same up to float rounding;
+what it removes is Python's per-operation overhead (about a hundred calls per step).
 """
 
 from __future__ import annotations

@@ -59,6 +59,10 @@ at::Tensor conv_window(const at::Tensor& x_t_in, const at::Tensor& state_in,
     parent = beam_index->to(at::kLong).contiguous();
     TORCH_CHECK(parent.dim() == 1 && parent.size(0) == rows, "beam_index must be (N,)");
     parent_ptr = parent.data_ptr<int64_t>();
+    // rows are copied by these indices: a host loop over N integers, against reading out of bounds
+    for (int64_t n = 0; n < rows; ++n)
+      TORCH_CHECK(parent_ptr[n] >= 0 && parent_ptr[n] < state.size(0), "beam_index values must lie in [0, ",
+                  state.size(0) - 1, "], got ", parent_ptr[n]);
   } else {
     TORCH_CHECK(state.size(0) == rows, "state rows must equal x_t rows without beam_index");
   }

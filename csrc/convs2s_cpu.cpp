@@ -84,8 +84,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x quantised per row to int8, times qweight (N, K) int8 with a float32 scale per row, plus bias",
         py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"), py::arg("packed") = py::none());
   m.def("linear_w8a8_with", &convs2s::linear_w8a8_with,
-        "linear_w8a8 on a named kernel (2: the library's int8 GEMM, 1: packed blocks, 0: reducing, -1: "
-        "chosen by rows, K, the packed weight and the library's exactness; for measuring)",
+        "linear_w8a8 on a named kernel (3: AMX-INT8 on a packed weight, 2: the library's int8 GEMM, 1: packed "
+        "blocks, 0: reducing, -1: chosen by rows, K, the packed weight, AMX and the library's exactness; for measuring)",
         py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"), py::arg("kernel"),
         py::arg("packed") = py::none());
   m.def("linear_w8a8_isa", &convs2s::linear_w8a8_isa, "the kernel linear_w8a8 runs on this CPU");

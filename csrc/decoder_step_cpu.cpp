@@ -61,6 +61,17 @@ std::pair<at::Tensor, at::Tensor> folded_attention_f32(const at::Tensor& x, cons
                                                        bool need_attn) {
   const int64_t N = x.size(0), C = x.size(1), B = emb_scores.size(0), beam = emb_scores.size(1),
                 S = emb_scores.size(2);
+  // the pointers below are read as these shapes, on the CPU
+  for (const at::Tensor* t : {&z_in, &y_out})
+    TORCH_CHECK(t->device().is_cpu() && t->dim() == 3 && t->size(0) == B && t->size(1) == S && t->size(2) == C,
+                "decoder_layers_step: z_in and y_out must be CPU (B, S, C) = (", B, ", ", S, ", ", C, ")");
+  TORCH_CHECK(z_bias.device().is_cpu() && z_bias.dim() == 2 && z_bias.size(0) == B && z_bias.size(1) == S,
+              "decoder_layers_step: z_bias must be CPU (B, S)");
+  TORCH_CHECK(b_out.device().is_cpu() && b_out.dim() == 1 && b_out.size(0) == C,
+              "decoder_layers_step: b_out must be CPU (C,)");
+  TORCH_CHECK(pad_mask.device().is_cpu() && pad_mask.dim() == 2 && pad_mask.size(0) == B && pad_mask.size(1) == S &&
+                  src_scale.numel() == B,
+              "decoder_layers_step: pad_mask must be (B, S) and src_scale (B,)");
   const at::Tensor xc = x.contiguous(), ec = emb_scores.contiguous(), zc = z_in.contiguous(),
                    zb = z_bias.contiguous(), yc = y_out.contiguous(), bc = b_out.contiguous(),
                    pm = pad_mask.contiguous(), ls = src_scale.contiguous();
@@ -142,7 +153,8 @@ std::vector<at::Tensor> decoder_layers_step(
                              conv_packed[i]);
     x = stepped.first;
     new_states.push_back(stepped.second);
-    const bool fast_attention = x.scalar_type() == at::kFloat && beam <= kSmallGemmMaxRows && z_in[i].has_value() &&
+    const bool fast_attention = x.scalar_type() == at::kFloat && beam >= 1 && beam <= kSmallGemmMaxRows &&
+                                emb_scores.size(2) >= 1 && z_in[i].has_value() &&
                                 z_in[i]->scalar_type() == at::kFloat && y_out[i]->scalar_type() == at::kFloat &&
                                 z_bias[i]->scalar_type() == at::kFloat && b_out[i]->scalar_type() == at::kFloat &&
                                 emb_scores.scalar_type() == at::kFloat && pad_mask.scalar_type() == at::kBool;

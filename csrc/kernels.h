@@ -48,15 +48,17 @@ std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tens
 // the packed kernels read instead of packing per call.
 at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& packed);
-// The same on a named kernel (2 the math library's int8 GEMM, 1 the packed-block kernel, 0 the
-// reducing one; -1 by rows, K, packed and whether the library's sums are exact here); AVX2 has a
-// packed kernel only on a packed weight, the baseline one kernel. For tests and measuring.
+// The same on a named kernel (3 AMX-INT8 tiles, which need a packed weight and AMX; 2 the math
+// library's int8 GEMM; 1 the packed-block kernel, packing per call without a packed weight; 0 the
+// reducing one; -1 by rows, K, packed, AMX and whether the library's sums are exact here); the
+// baseline has one kernel. For tests and measuring.
 at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                             const c10::optional<at::Tensor>& bias, int64_t kernel,
                             const c10::optional<at::Tensor>& packed);
-// "avx512-vnni", "avx2" or "baseline": the kernel linear_w8a8 runs on this CPU (few rows).
+// "amx-int8", "avx512-vnni", "avx2" or "baseline": the kernel linear_w8a8 runs on this CPU.
 const char* linear_w8a8_isa();
-// Whether the math library's int8 GEMM gives exact sums here (then linear_w8a8 uses it from 10 rows).
+// Whether the math library's int8 GEMM gives exact sums here (then linear_w8a8 uses it from 10 rows
+// where AMX on a packed weight does not take the call).
 bool linear_w8a8_library_exact();
 std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& z, const at::Tensor& y,
                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad);

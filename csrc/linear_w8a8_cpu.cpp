@@ -194,7 +194,7 @@ CONVS2S_VNNI void w8a8_vnni(const Operands& g, int64_t rows, int64_t n0, int64_t
 // ---- AVX-512 VNNI, many rows: each column block packed once so that no sum needs reducing ----
 // With many rows the products are compute-bound and the horizontal sums of the kernel above cost
 // as much as the dot products when K is short (fc3's 512). Here a block of 64 weight rows is
-// first rearranged to [K/4][64][4] bytes (one vector: 4 consecutive k of 16 outputs), then each
+// rearranged to [16 ceil(K/64)][64][4] bytes (pack_w8a8_weight's layout, or per call) (one vector: 4 consecutive k of 16 outputs), then each
 // activation's 4 bytes are broadcast against it: every vpdpbusd adds into 16 distinct outputs.
 
 constexpr int64_t kPackedCols = 64;

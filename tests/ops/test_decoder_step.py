@@ -116,6 +116,18 @@ def test_decoder_step_bad_inputs_name_the_problem():
     with pytest.raises(ValueError, match=r"layers\[0\].conv_packed is for int8 weights with int8 activations"):
         bad = [dataclasses.replace(layers[0], conv_packed=torch.zeros(1, 16, 64, 4, dtype=torch.int8))]
         ck.decoder_step(x, states, bad + list(layers[1:]), emb, pad, lengths)
+    with pytest.raises(ValueError, match="states\\[2\\] has 3 rows but states\\[0\\] has 4"):
+        ck.decoder_step(x, states[:2] + [states[2][:3]] + states[3:], layers, emb, pad, lengths)
+    short = [dataclasses.replace(layers[0], attention=dataclasses.replace(layers[0].attention,
+                                                                          z_in=layers[0].attention.z_in[:, :3]))]
+    with pytest.raises(RuntimeError, match=r"z_in and y_out must be CPU \(B, S, C\)"):
+        ck.decoder_step(x, states, short + list(layers[1:]), emb, pad, lengths, backend="cpp")
+    x, states, layers, emb, pad, lengths = make_step(2, 2, 4, int8="w8a8")
+    bad_q = layers[0].conv_weight.clone()
+    bad_q[0, 0] = -128
+    with pytest.raises(ValueError, match="qweight holds -128"):
+        ck.decoder_step(x, states, [dataclasses.replace(layers[0], conv_weight=bad_q)] + list(layers[1:]), emb, pad,
+                        lengths)
     x, states, layers, emb, pad, lengths = make_step(2, 2, 4, int8="w8a8-packed")
     with pytest.raises(ValueError, match="packed is not pack_w8a8_weight"):
         stale = [dataclasses.replace(layers[0], conv_packed=ck.pack_w8a8_weight(-layers[0].conv_weight))]

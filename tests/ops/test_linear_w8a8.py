@@ -159,6 +159,22 @@ def test_kernels_isa_caps_the_int8_kernel(cap, expected, onednn_cap):
     assert out.stdout.strip() in expected
 
 
+def test_unknown_isa_value_keeps_the_best_int8_kernel():
+    """An unknown ``CONVS2S_KERNELS_ISA`` is ignored with a warning: no level is capped, AMX included."""
+    require_or_skip("cpp")
+    code = "import convs2s_kernels as ck; print(ck.extension.int8_kernel_isa())"
+    runs = {}
+    for value in (None, "bogus"):
+        env = dict(os.environ)
+        env.pop("CONVS2S_KERNELS_ISA", None)
+        if value:
+            env["CONVS2S_KERNELS_ISA"] = value
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs[value] = out.stdout.strip()
+    assert runs["bogus"] == runs[None]
+
+
 def test_cpp_refuses_what_it_cannot_take():
     x, q, s, _ = _case(2, 8, 4)
     assert ck.backend_reasons("cpp", "linear_w8a8", x.device, x.double(), q, s)
@@ -183,3 +199,10 @@ def test_linear_w8a8_errors_name_the_problem():
     other[0, 0] = -other[0, 0] if int(other[0, 0]) else 1
     with pytest.raises(ValueError, match="packed is not pack_w8a8_weight\\(qweight\\)"):
         ck.linear_w8a8(x, q, s, packed=ck.pack_w8a8_weight(other))
+    # a view of an already-checked weight (same storage and version) is checked anew
+    sq, ss = ck.quantize_int8(torch.randn(8, 8))
+    sq_packed = ck.pack_w8a8_weight(sq)
+    ck.linear_w8a8(x, sq, ss, packed=sq_packed)
+    if not torch.equal(sq, sq.t()):
+        with pytest.raises(ValueError, match="packed is not pack_w8a8_weight"):
+            ck.linear_w8a8(x, sq.t(), ss, packed=sq_packed)

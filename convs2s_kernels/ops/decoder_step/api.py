@@ -8,7 +8,7 @@ import torch
 
 from ..._checks import check_index, check_shape, check_tensor
 from ...dispatch import resolve
-from ..linear_w8a8.api import check_packed
+from ..linear_w8a8.api import check_packed, check_weight_range
 from .layers import StepLayer
 
 __all__ = ["decoder_step", "decoder_step_tensors"]
@@ -29,6 +29,8 @@ def _check_layers(states, layers, x: torch.Tensor) -> None:
         if not 0 <= layer.residual <= i + 1:
             raise ValueError(f"layers[{i}].residual = {layer.residual} reaches before the first layer's input")
         for part in ("conv", "proj"):
+            if layer.int8_activations and getattr(layer, f"{part}_scale") is not None:
+                check_weight_range(getattr(layer, f"{part}_weight"))  # once per tensor, as linear_w8a8 does
             packed = getattr(layer, f"{part}_packed")
             if packed is None:
                 continue
@@ -37,6 +39,8 @@ def _check_layers(states, layers, x: torch.Tensor) -> None:
                                  f"({part}_scale set, int8_activations=True)")
             check_packed(getattr(layer, f"{part}_weight"), packed)
         check_tensor(f"states[{i}]", states[i], 3)
+        if states[i].shape[0] != states[0].shape[0]:
+            raise ValueError(f"states[{i}] has {states[i].shape[0]} rows but states[0] has {states[0].shape[0]}")
         if states[i].device != x.device:
             raise ValueError(f"states[{i}] is on {states[i].device} but x is on {x.device}")
 

@@ -1,7 +1,8 @@
 """``decoder_step`` on the cpp backend (``csrc/decoder_step_cpu.cpp``): every layer of a step in
 one C++ call through the same kernels as the Python loop (few-row products, the conv step, ATen's
-batched products and softmax), removing about a hundred Python-level calls per step. fp32/bf16
-CPU activations, inference only."""
+batched products and softmax; for float32 the folded attention through the few-row kernels and a
+softmax loop of its own, equal up to rounding), removing about a hundred Python-level calls per
+step. fp32/bf16 CPU activations, inference only."""
 
 from __future__ import annotations
 

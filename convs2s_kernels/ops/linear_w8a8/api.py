@@ -10,14 +10,14 @@ from ...dispatch import resolve
 from ..linear_int8.api import check_int8_linear_args
 from .reference import pack_w8a8_weight, packed_shape
 
-__all__ = ["linear_w8a8", "check_packed"]
+__all__ = ["linear_w8a8", "check_packed", "check_weight_range"]
 
 
-def _check_weight_range(qweight: torch.Tensor) -> None:
+def check_weight_range(qweight: torch.Tensor) -> None:
     """No -128 in ``qweight`` (``quantize_int8`` writes [-127, 127]; the AVX2 kernel moves the
     activation's sign onto the weight, and -(-128) wraps). Scanned once per weight tensor and
     version, not per call."""
-    key = (qweight._version, qweight.data_ptr())
+    key = (qweight._version, qweight.data_ptr(), qweight.shape, qweight.stride())
     if getattr(qweight, "_convs2s_range_checked", None) == key:
         return
     if bool((qweight == -128).any()):
@@ -34,7 +34,7 @@ def check_packed(qweight: torch.Tensor, packed: torch.Tensor) -> None:
         raise ValueError(f"packed must be pack_w8a8_weight(qweight): int8 {want}, got {got}")
     if packed.device != qweight.device:
         raise ValueError(f"packed is on {packed.device} but qweight is on {qweight.device}")
-    key = (qweight._version, qweight.data_ptr(), packed._version, packed.data_ptr())
+    key = (qweight._version, qweight.data_ptr(), qweight.shape, qweight.stride(), packed._version, packed.data_ptr())
     if getattr(packed, "_convs2s_packing_checked", None) == key:
         return
     if not torch.equal(packed, pack_w8a8_weight(qweight)):
@@ -53,7 +53,7 @@ def linear_w8a8(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
     cpp kernels skip rearranging the weight on every call (same results, faster at every row count).
     See :func:`convs2s_kernels.linear_w8a8_ref`."""
     check_int8_linear_args(x, qweight, scale, bias)
-    _check_weight_range(qweight)
+    check_weight_range(qweight)
     if packed is not None:
         check_packed(qweight, packed)
     fn = resolve("linear_w8a8", x.device, backend, x, qweight, scale, bias)
