@@ -91,12 +91,17 @@ class WeightNormed(nn.Module):
             self._int8_key = key
         return self._int8
 
+    def packs_int8(self, qweight: torch.Tensor) -> bool:
+        """Whether the int8 products take ``qweight`` packed too (:func:`convs2s_kernels.pack_w8a8_weight`):
+        with int8 activations, on the CPU (the cpp kernels' layout)."""
+        return self.int8_activations and qweight.device.type == "cpu"
+
     def int8_extra(self) -> dict:
         """The int8 product's extra arguments: with int8 activations on the CPU, ``packed`` (the
         weight in the cpp kernels' layout, :func:`convs2s_kernels.pack_w8a8_weight`, made once per
         quantisation); nothing otherwise."""
         quantized = self.int8_weight()
-        if quantized is None or not self.int8_activations or quantized[0].device.type != "cpu":
+        if quantized is None or not self.packs_int8(quantized[0]):
             return {}
         if getattr(self, "_int8_packed_for", None) is not quantized:
             with torch.no_grad():

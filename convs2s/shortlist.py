@@ -83,8 +83,7 @@ class VocabSubset:
             self.qweight, self.scale = (t.index_select(0, ids) for t in quantized)
             self.int8_product = fc3.int8_product()
             # the kernels' layout of the subset (once per batch), where the full weight has one
-            wants_packed = fc3.int8_activations and self.qweight.device.type == "cpu"
-            self.int8_extra = {"packed": ck.pack_w8a8_weight(self.qweight)} if wants_packed else {}
+            self.int8_extra = {"packed": ck.pack_w8a8_weight(self.qweight)} if fc3.packs_int8(self.qweight) else {}
             self.weight = None
         else:
             weight = fc3.effective_weight() if hasattr(fc3, "effective_weight") else fc3.weight

@@ -145,6 +145,27 @@ CONVS2S_VNNI inline __m128i hsum4(__m512i a0, __m512i a1, __m512i a2, __m512i a3
 // v[j], or zeros past the tile's NT vectors.
 CONVS2S_VNNI inline __m512i pick(const __m512i* v, int j, int NT) { return j < NT ? v[j] : _mm512_setzero_si512(); }
 
+// Up to 16 columns from n on (`left` of them real): their mask, weight scales and bias, loaded
+// once for every row of a tile.
+struct Columns16 {
+  __mmask16 mask;
+  __m512 s, b;
+};
+
+CONVS2S_VNNI inline Columns16 columns16(const Operands& g, int64_t n, int64_t left) {
+  const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+  return {mask, _mm512_maskz_loadu_ps(mask, g.s + n), g.b ? _mm512_maskz_loadu_ps(mask, g.b + n) : _mm512_setzero_ps()};
+}
+
+// finish() on 16 lanes: row m's outputs at those columns from their exact sums.
+CONVS2S_VNNI inline void finish16(const Operands& g, int64_t m, int64_t n, const Columns16& c, __m512i sums) {
+  const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(g.sx[m]), c.s);
+  __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scale);
+  asm("" : "+v"(out));
+  if (g.b) out = _mm512_add_ps(out, c.b);
+  _mm512_mask_storeu_ps(g.y + m * g.ldy + n, c.mask, out);
+}
+
 // Rows [r, r + MT) x weight rows [n, n + NT): MT and NT compile-time, so the accumulators live in registers.
 template <int MT, int NT>
 CONVS2S_VNNI inline void vnni_tile(const Operands& g, int64_t r, int64_t n, int32_t* wsum, bool first) {
@@ -194,8 +215,9 @@ CONVS2S_VNNI void w8a8_vnni(const Operands& g, int64_t rows, int64_t n0, int64_t
 // ---- AVX-512 VNNI, many rows: each column block packed once so that no sum needs reducing ----
 // With many rows the products are compute-bound and the horizontal sums of the kernel above cost
 // as much as the dot products when K is short (fc3's 512). Here a block of 64 weight rows is
-// rearranged to [16 ceil(K/64)][64][4] bytes (pack_w8a8_weight's layout, or per call) (one vector: 4 consecutive k of 16 outputs), then each
-// activation's 4 bytes are broadcast against it: every vpdpbusd adds into 16 distinct outputs.
+// rearranged to [16 ceil(K/64)][64][4] bytes (pack_w8a8_weight's layout, or per call; one vector:
+// 4 consecutive k of 16 outputs), then each activation's 4 bytes are broadcast against it: every
+// vpdpbusd adds into 16 distinct outputs.
 
 constexpr int64_t kPackedCols = 64;
 // k in groups of 4, padded to whole 64-byte tiles (16 groups: one AMX tile of B, one 64-byte row of
@@ -254,21 +276,9 @@ CONVS2S_VNNI inline void packed_tile(const Operands& g, const int8_t* buf, int64
   }
   if (first)
     for (int v = 0; v < V; ++v) wsum[v] = _mm512_slli_epi32(ws[v], 7);
-  // the reference's rounding: (float(sum) * (sx * s)), then + b, never fused
-  for (int v = 0; v < V; ++v) {
-    const int64_t n = n0 + 16 * v;
-    const int64_t left = cols - 16 * v;
-    if (left <= 0) break;
-    const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-    const __m512 s = _mm512_maskz_loadu_ps(mask, g.s + n);
-    const __m512 b = g.b ? _mm512_maskz_loadu_ps(mask, g.b + n) : _mm512_setzero_ps();
-    for (int m = 0; m < MT; ++m) {
-      const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(g.sx[r + m]), s);
-      __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][v], wsum[v])), scale);
-      asm("" : "+v"(out));
-      if (g.b) out = _mm512_add_ps(out, b);
-      _mm512_mask_storeu_ps(g.y + (r + m) * g.ldy + n, mask, out);
-    }
+  for (int v = 0; v < V && 16 * v < cols; ++v) {
+    const Columns16 c = columns16(g, n0 + 16 * v, cols - 16 * v);
+    for (int m = 0; m < MT; ++m) finish16(g, r + m, n0 + 16 * v, c, _mm512_sub_epi32(acc[m][v], wsum[v]));
   }
 }
 
@@ -291,7 +301,7 @@ CONVS2S_VNNI void w8a8_vnni_packed(const Operands& g, int64_t rows, int64_t n0, 
 // rows 256 bytes apart). The tile unit's 1024 multiply-adds a cycle leave the weight's bytes as
 // the only cost, at any row count. Activations are padded to whole 16-row tiles (zero rows).
 
-#define CONVS2S_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")))
+#define CONVS2S_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vnni,avx512vl")))
 
 constexpr int64_t kAmxRows = 16;
 
@@ -344,19 +354,10 @@ CONVS2S_AMX void w8a8_amx(const Operands& g, int64_t rows, int64_t n0, int64_t n
     const int8_t* buf = g.packed + (n / kPackedCols) * kPackedBlockBytes(K4);
     for (int64_t r = 0; r < rows; r += kAmxRows) {
       amx_block(g, buf, K4, r, sums);
-      // the reference's rounding: (float(sum) * (sx * s)), then + b, never fused
-      for (int64_t v = 0; v * 16 < cols; ++v) {
-        const int64_t left = cols - 16 * v;
-        const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-        const __m512 s = _mm512_maskz_loadu_ps(mask, g.s + n + 16 * v);
-        const __m512 b = g.b ? _mm512_maskz_loadu_ps(mask, g.b + n + 16 * v) : _mm512_setzero_ps();
-        for (int64_t m = 0; m < std::min(kAmxRows, rows - r); ++m) {
-          const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(g.sx[r + m]), s);
-          __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(sums + m * kPackedCols + 16 * v)), scale);
-          asm("" : "+v"(out));
-          if (g.b) out = _mm512_add_ps(out, b);
-          _mm512_mask_storeu_ps(g.y + (r + m) * g.ldy + n + 16 * v, mask, out);
-        }
+      for (int64_t v = 0; 16 * v < cols; ++v) {
+        const Columns16 c = columns16(g, n + 16 * v, cols - 16 * v);
+        for (int64_t m = 0; m < std::min(kAmxRows, rows - r); ++m)
+          finish16(g, r + m, n + 16 * v, c, _mm512_loadu_si512(sums + m * kPackedCols + 16 * v));
       }
     }
   }
@@ -474,8 +475,8 @@ CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, 
 // torch._int_mm (oneDNN) multiplies int8 by int8 into int32: with AMX-INT8 or VNNI it beats the
 // VNNI kernels above from about ten rows on (3-7x at 32-640 rows on the Xeon of bench/results/
 // xeon-amx-2c), though not the AMX kernel on a packed weight (which it loses to by 2-4x: it
-// rearranges the weight on every call). Without VNNI oneDNN multiplies with vpmaddubsw, whose int16 pairs saturate, and
-// its sums are not exact; so it is used only where a probe with saturating values comes out
+// rearranges the weight on every call). Without VNNI oneDNN multiplies with vpmaddubsw, whose
+// int16 pairs saturate, and its sums are not exact; so it is used only where a probe with saturating values comes out
 // exact (once per process), and the kernels above run elsewhere.
 constexpr int64_t kLibraryMinRows = 10;
 // Rows from which a kernel on the caller's packed weight beats the others (measured on the Xeon of

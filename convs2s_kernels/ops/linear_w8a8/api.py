@@ -13,11 +13,17 @@ from .reference import pack_w8a8_weight, packed_shape
 __all__ = ["linear_w8a8", "check_packed", "check_weight_range"]
 
 
+def _contents_key(t: torch.Tensor) -> tuple:
+    """What a once-per-tensor check keys on: storage and version (moved on by in-place writes), and
+    shape and strides (a view shares the first two)."""
+    return t._version, t.data_ptr(), t.shape, t.stride()
+
+
 def check_weight_range(qweight: torch.Tensor) -> None:
     """No -128 in ``qweight`` (``quantize_int8`` writes [-127, 127]; the AVX2 kernel moves the
     activation's sign onto the weight, and -(-128) wraps). Scanned once per weight tensor and
     version, not per call."""
-    key = (qweight._version, qweight.data_ptr(), qweight.shape, qweight.stride())
+    key = _contents_key(qweight)
     if getattr(qweight, "_convs2s_range_checked", None) == key:
         return
     if bool((qweight == -128).any()):
@@ -34,7 +40,7 @@ def check_packed(qweight: torch.Tensor, packed: torch.Tensor) -> None:
         raise ValueError(f"packed must be pack_w8a8_weight(qweight): int8 {want}, got {got}")
     if packed.device != qweight.device:
         raise ValueError(f"packed is on {packed.device} but qweight is on {qweight.device}")
-    key = (qweight._version, qweight.data_ptr(), qweight.shape, qweight.stride(), packed._version, packed.data_ptr())
+    key = (_contents_key(qweight), _contents_key(packed))
     if getattr(packed, "_convs2s_packing_checked", None) == key:
         return
     if not torch.equal(packed, pack_w8a8_weight(qweight)):

@@ -1,5 +1,6 @@
 """``linear_w8a8`` on the cpp backend (``csrc/linear_w8a8_cpu.cpp``): AMX-INT8 tiles (on a packed
-weight), AVX-512 VNNI, AVX2 or plain integer dot products (``convs2s_kernels.extension.int8_kernel_isa()`` says which); inference only."""
+weight), AVX-512 VNNI, AVX2 or plain integer dot products (``convs2s_kernels.extension.int8_kernel_isa()``
+says which); inference only."""
 
 from __future__ import annotations
 
