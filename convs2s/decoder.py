@@ -96,10 +96,48 @@ class DecoderState:
         self.fused_weights = None
         self.fused_layers = None  # (key, StepLayers) of this state (convs2s.fused_step)
         self.calls = BoundCalls()  # the step's ops, checked once per row count (convs2s.fused_step)
+        # static mode (make_static): what changes from step to step lives in tensors written in place
+        self.static = False
+        self.position: Optional[torch.Tensor] = None  # (1,) int64, the next step's position
+        self.parents: Optional[torch.Tensor] = None  # (N,) int64, the next step's parent rows
+        self._parents_pending = False  # whether `parents` holds a reorder the next step has not applied
 
     @property
     def num_rows(self) -> int:
         return self.encoder_out.z.shape[0] * self.beam
+
+    def make_static(self) -> None:
+        """Fixed buffers for a recorded step (:mod:`convs2s.step_graph`): the pending reorder is
+        applied to the conv states now, and from here the position and the parent rows are
+        tensors written in place, the conv states are overwritten in place, and the step
+        count is advanced by :meth:`static_step_done`, so that a replayed step reads its
+        changing inputs from memory rather than from Python values it was recorded with.
+        Sentences leaving (:meth:`reorder` with ``sentence_index``) end static mode."""
+        if self.static:
+            return
+        if self.pending_index is not None:
+            self.conv_states = [s.index_select(0, self.pending_index) for s in self.conv_states]
+            self.pending_index = None
+        device = self.encoder_out.z.device
+        self.position = torch.full((1,), PAD + self.step + 1, dtype=torch.long, device=device)
+        self.parents = torch.arange(self.num_rows, device=device)
+        self._parents_pending = False
+        self.static = True
+
+    def static_step_ready(self) -> None:
+        """Before a static step: the parents buffer holds this step's parents (itself if no reorder)."""
+        if not self._parents_pending:
+            torch.arange(self.num_rows, out=self.parents)
+
+    def static_step_done(self) -> None:
+        """After a static step (run, recorded or replayed): its parents are applied, one step more."""
+        self._parents_pending = False
+        self.step += 1
+
+    def _leave_static(self) -> None:
+        if self._parents_pending:
+            self.pending_index = self.parents.clone()
+        self.static, self.position, self.parents, self._parents_pending = False, None, None, False
 
     def reorder(self, beam_index: torch.Tensor, sentence_index: Optional[torch.Tensor] = None) -> None:
         """Follow the chosen parents: new row ``n`` continues old row ``beam_index[n]``.
@@ -108,6 +146,16 @@ class DecoderState:
         dropped); every parent must then belong to the sentence at the same new position.
         """
         beam_index = beam_index.long()
+        if self.static and sentence_index is None:
+            if beam_index.shape[0] != self.num_rows:
+                raise ValueError(f"reorder gives {beam_index.shape[0]} rows but the state has {self.num_rows}")
+            if self._parents_pending:  # two reorders before a step: compose them
+                beam_index = self.parents.index_select(0, beam_index)
+            self.parents.copy_(beam_index)
+            self._parents_pending = True
+            return
+        if self.static:
+            self._leave_static()
         if self.pending_index is not None:
             beam_index = self.pending_index.index_select(0, beam_index)
         self.pending_index = beam_index
@@ -237,13 +285,16 @@ class Decoder(nn.Module):
         check_tokens("tokens", tokens.view(-1, 1), self.vocab_size, 1)
         enc = state.encoder_out
         B, beam = enc.z.shape[0], state.beam
-        x = self.embed_tokens(tokens.long()) + self.embed_positions.weight[position]
+        # static mode: the position from its tensor (a recorded step must not keep a Python number)
+        pos = F.embedding(state.position, self.embed_positions.weight) if state.static \
+            else self.embed_positions.weight[position]
+        x = self.embed_tokens(tokens.long()) + pos
         x = F.dropout(x, self.dropout, self.training)
         target_embedding = x
         # Projections of a step see only a few rows: they go through the dispatcher (``linear``),
         # whose cpp kernel streams the weight once instead of packing it for a GEMM.
         x = self._linear("fc1", x, backend, state)
-        parents = state.pending_index
+        parents = state.parents if state.static else state.pending_index
         emb_scores = None
         if state.folded is not None:  # g . z_s, shared by every attention layer
             emb_scores = torch.bmm(target_embedding.view(B, beam, -1), enc.z.transpose(1, 2))
@@ -251,12 +302,15 @@ class Decoder(nn.Module):
             # the step (same kernels); decided at the state's first step
             if state.fused_ok is None:
                 state.fused_ok = fused_step_reason(self, x, emb_scores, state, backend) is None
-        if state.fused_ok:
+        if state.fused_ok and not state.static:  # the one-call step replaces the conv states' tensors
             x, avg_attn = fused_layers_step(self, x, emb_scores, state, parents, need_attn)
         else:
             x, avg_attn = self._layers_step(x, target_embedding, emb_scores, state, parents, need_attn, backend)
-        state.pending_index = None
-        state.step += 1
+        if state.static:
+            state.position.add_(1)  # the Python step count: state.static_step_done(), outside the step
+        else:
+            state.pending_index = None
+            state.step += 1
         return self._output(x, backend, state.vocab, state), avg_attn
 
     def _layers_step(self, x, target_embedding, emb_scores, state: DecoderState, parents, need_attn: bool,
@@ -270,7 +324,11 @@ class Decoder(nn.Module):
         ):
             residual = residual_input(residuals, proj, r, backend)
             x = F.dropout(x, self.dropout, self.training)
-            x, state.conv_states[i] = conv.step(x, state.conv_states[i], parents, backend)
+            x, new_state = conv.step(x, state.conv_states[i], parents, backend)
+            if state.static:
+                state.conv_states[i].copy_(new_state)  # the buffer a recorded step reads next time
+            else:
+                state.conv_states[i] = new_state
             if attention is not None:
                 # A sentence's beams are its queries: (N, C) -> (B, beam, C) against one encoder copy.
                 h = x.view(B, beam, -1)

@@ -28,6 +28,7 @@ from convs2s_kernels.reference import search_rules_ref
 from .errors import Convs2sError
 from .model import ConvS2SModel
 from .special_tokens import EOS, PAD, UNK
+from .step_graph import RecordedDecodeStep, recorder_factory
 
 
 class GenerationError(Convs2sError):
@@ -114,6 +115,7 @@ def generate(
     shortlist=None,
     step_hook: Optional[Callable[[int], None]] = None,
     search_backend: Optional[str] = None,
+    cuda_graph=None,
 ) -> List[List[dict]]:
     """Translate ``sources`` (token-id lists without EOS) with beam search.
 
@@ -137,22 +139,33 @@ def generate(
 
     ``search_backend`` is the backend request of the search step's ops
     (:func:`convs2s_kernels.beam_candidates`, :func:`convs2s_kernels.beam_update`); None: the model's.
+
+    ``cuda_graph`` (:func:`convs2s.step_graph.recorder_factory`): ``None`` records the decoder's
+    step as a CUDA graph on CUDA and replays it; ``False`` decodes eagerly; ``"record-ops"`` holds
+    the step to a graph's contract on any device (the CPU tests).
     """
     _check_search_options(beam, nbest, min_len, max_len_a, max_len_b, search_backend)
+    recorder_factory(cuda_graph, next(model.parameters()).device)  # validates the choice before any work
     options = _SearchOptions(beam, max_len_a, max_len_b, min_len, lenpen, unkpen, return_attention, fold_attention,
-                             shortlist, search_backend)
+                             shortlist, search_backend, cuda_graph)
     with _sources_in_batches(model, sources, batch_size, max_tokens) as (srcs, batches):
-        results: List[Optional[List[dict]]] = [None] * len(srcs)
-        bar = _progress_bar(len(srcs)) if progress else None
-        for idx, src in batches:
-            forced = None if forced_length is None else _batch_lengths(forced_length, idx, src.device)
-            for i, h in zip(idx, _beam_search(model, src, options, forced, step_hook)):
-                results[i] = h[:nbest]
-            if bar is not None:
-                bar.update(len(idx))
+        return _search_batches(model, len(srcs), batches, options, nbest, forced_length, step_hook, progress)
+
+
+def _search_batches(model, count: int, batches, options: _SearchOptions, nbest: int, forced_length, step_hook,
+                    progress: bool) -> List[List[dict]]:
+    """Each batch's beam search; the n-best lists in input order."""
+    results: List[Optional[List[dict]]] = [None] * count
+    bar = _progress_bar(count) if progress else None
+    for idx, src in batches:
+        forced = None if forced_length is None else _batch_lengths(forced_length, idx, src.device)
+        for i, h in zip(idx, _beam_search(model, src, options, forced, step_hook)):
+            results[i] = h[:nbest]
         if bar is not None:
-            bar.close()
-        return results  # type: ignore[return-value]
+            bar.update(len(idx))
+    if bar is not None:
+        bar.close()
+    return results  # type: ignore[return-value]
 
 
 def _batch_lengths(lengths: Sequence[int], idx: List[int], device) -> torch.Tensor:
@@ -177,6 +190,7 @@ class _SearchOptions:
     fold_attention: bool = False
     shortlist: object = None
     search_backend: Optional[str] = None
+    cuda_graph: object = None
 
     def max_len(self, model: ConvS2SModel, src_len: int) -> int:
         """fairseq's ``min(a * S + b, max_positions - 1)`` for a batch of source length ``S``."""
@@ -203,8 +217,7 @@ def _beam_search(model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions
                 if step_hook is not None:
                     step_hook(step)
                 break
-            if done_rows:
-                search.drop_sentences(done_rows)
+            search.leave(done_rows)
             if step_hook is not None:
                 step_hook(step)
     return search.results()
@@ -274,10 +287,19 @@ class _BeamSearch:
         # the search's two ops: checked at their first call for each batch size, then bound
         self.backend = options.search_backend if options.search_backend is not None else model.backend
         self.ops = BoundCalls()
+        self.recorder = recorder_factory(options.cuda_graph, device)
+        self.recorded: Optional[RecordedDecodeStep] = None  # the decoder's step, recorded for these rows
+        self.leaving: List[int] = []  # batch rows of done sentences still in the buffers
 
     def logits(self, step: int) -> torch.Tensor:
         """Decode one step: every row's scores of its next token (attention kept when asked)."""
-        logits, step_attn = self.model.decode_step(self.tokens[:, step], self.state, need_attn=self.options.need_attn)
+        tokens = self.tokens[:, step]
+        if self.recorder is None:
+            logits, step_attn = self.model.decode_step(tokens, self.state, need_attn=self.options.need_attn)
+        else:
+            if self.recorded is None or not self.recorded.valid:
+                self.recorded = RecordedDecodeStep(self.model, self.state, self.options.need_attn, self.recorder)
+            logits, step_attn = self.recorded(tokens)
         if self.attn is not None and step_attn is not None:
             self.attn[:, :, step + 1].copy_(step_attn)
         return logits
@@ -316,6 +338,15 @@ class _BeamSearch:
 
     def all_done(self) -> bool:
         return all(self.host_done)
+
+    def leave(self, done_rows: List[int]) -> None:
+        """Done sentences leave the batch: at once when the step runs eagerly; with a recorded step
+        once they are half of the batch (a new row count costs a new recording). Until then their
+        rows keep decoding and the search's ops ignore them (their sentences are done)."""
+        self.leaving.extend(done_rows)
+        if self.leaving and (self.recorder is None or 2 * len(self.leaving) >= self.bsz):
+            self.drop_sentences(self.leaving)
+            self.leaving = []
 
     def drop_sentences(self, done_rows: List[int]) -> None:
         """Remove the finished sentences' rows from every buffer and from the decoder state."""

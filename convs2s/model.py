@@ -87,6 +87,25 @@ class ConvS2SModel(nn.Module):
         """``(logits (N, V), attn (N, S) or None)`` for one step; see :meth:`Decoder.forward_step`."""
         return self.decoder.forward_step(tokens, state, need_attn=need_attn, backend=self.backend)
 
+    def warmup(self, *, max_source_length: int, beam: int = 5, fold_attention: bool = False, **generate_options):
+        """Tune and compile what decoding will call before anything is timed: a two-step
+        :func:`convs2s.generate` of one sentence per autotune bucket of source lengths up to
+        ``max_source_length`` (EOS included; :func:`convs2s_kernels.warmup`). Returns the source
+        lengths run. ``generate_options`` go to every call (``cuda_graph``, ``shortlist``...)."""
+        from .generate import generate
+
+        limit = min(self.max_positions())
+        if not 1 <= max_source_length <= limit:
+            raise ValueError(f"max_source_length must lie in [1, {limit}] (EOS included), got {max_source_length}")
+        word = min(NUM_SPECIALS, self.src_vocab_size - 1)  # any ordinary source word
+        device = next(self.parameters()).device
+
+        def run(S: int) -> None:
+            generate(self, [[word] * (S - 1)], beam=beam, max_len_b=1, fold_attention=fold_attention,
+                     **generate_options)
+
+        return ck.warmup(run, max_source_length=max_source_length, device=device)
+
     # --- inference preparation -----------------------------------------------------------
     def fold_weight_norm(self) -> "ConvS2SModel":
         """Replace every ``weight_g``/``weight_v`` pair by its plain ``weight`` (inference speed)."""

@@ -28,6 +28,7 @@ from .ops import (BeamCandidates, StepAttention, StepLayer, attention_embsum, at
                   conv_step, conv_step_ref, decoder_step, decoder_step_ref, linear, linear_int8, linear_int8_ref,
                   linear_ref, linear_w8a8, linear_w8a8_ref, pack_w8a8_weight, quantize_int8, quantize_rows_int8)
 from . import reference
+from .buckets import warmup
 from . import triton_backend  # noqa: F401  (registers the Triton kernels, or records why they cannot run)
 
 __version__ = "0.1.0"
@@ -40,5 +41,5 @@ __all__ = [
     "decoder_step_ref", "beam_candidates_ref", "beam_update_ref", "quantize_int8", "quantize_rows_int8", "pack_w8a8_weight", "StepLayer", "StepAttention", "BeamCandidates",
     "FinishedHypotheses",
     "available_backends", "backend_reasons", "requested_backends", "selected_backend_name", "count_dispatches",
-    "BackendUnavailableError", "Capability", "reference", "trusted_indices", "indices_trusted",
+    "BackendUnavailableError", "Capability", "reference", "trusted_indices", "indices_trusted", "warmup",
 ]

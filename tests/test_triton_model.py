@@ -110,3 +110,57 @@ def test_generation_equals_reference(triton_calls, beam):
         assert [h["tokens"].tolist() for h in tri] == [h["tokens"].tolist() for h in ref]
         for a, b in zip(tri, ref):
             assert abs(float(a["score"]) - float(b["score"])) < 1e-4
+
+
+@pytest.fixture
+def autotune_keys(monkeypatch):
+    """Every (kernel, autotune key) a Triton autotuner is asked for, computed as Triton computes it
+    (the key's arguments, then the dtypes of the tensors), whether or not it has several configs."""
+    from triton.runtime.autotuner import Autotuner
+
+    keys = []
+    run = Autotuner.run
+
+    def recording_run(self, *args, **kwargs):
+        named = {**dict(zip(self.arg_names, args)), **{k: v for k, v in kwargs.items() if k in self.arg_names}}
+        key = tuple(named[k] for k in self.keys if k in named)
+        key += tuple(str(v.dtype) for v in named.values() if hasattr(v, "dtype"))
+        keys.append((self.base_fn.__name__, key))
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(Autotuner, "run", recording_run)
+    return keys
+
+
+def test_warmup_tunes_every_key_decoding_meets(triton_calls, autotune_keys):
+    """After ``warmup`` up to a source length, decoding sentences of any length up to it asks the
+    autotuners for no key they have not seen: no tuning (seconds on a GPU) inside a timing."""
+    model = _model()
+    model.use_backend("triton")
+    sources = [[5] * 2, [6] * 16, [7] * 31, [8] * 39]  # 3, 17, 32 and 40 tokens with EOS
+    assert model.warmup(max_source_length=16, beam=2) == [16]
+    short_warmup = set(autotune_keys)
+    autotune_keys.clear()
+    assert model.warmup(max_source_length=40, beam=2, fold_attention=True) == [16, 32, 40]
+    assert model.warmup(max_source_length=40, beam=2) == [16, 32, 40]
+    warmed = set(autotune_keys)
+    autotune_keys.clear()
+    for fold in (False, True):
+        convs2s.generate(model, sources, beam=2, max_len_b=4, fold_attention=fold)
+    met = set(autotune_keys)
+    assert triton_calls.get("conv_step") > 0 and met, "the decoding ran no Triton autotuner"
+    assert met <= warmed, f"keys met only while decoding: {sorted(met - warmed)}"
+    assert not met <= short_warmup  # the check can fail: warming up to 16 tokens misses the longer buckets
+
+
+def test_warmup_buckets_are_the_kernels_buckets():
+    from convs2s_kernels import buckets
+    from convs2s_kernels.triton_common import config
+
+    assert all(buckets.bucket(n) == config.bucket(n) for n in range(1, 5000))
+    for largest in range(1, 1100):
+        lengths = buckets.bucket_representatives(largest)
+        assert lengths[-1] == largest and len({config.bucket(n) for n in lengths}) == len(lengths)
+        assert {config.bucket(n) for n in lengths} == {config.bucket(n) for n in range(1, largest + 1)}
+    with pytest.raises(ValueError, match="need 1 <= smallest <= largest"):
+        buckets.bucket_representatives(0)

@@ -65,16 +65,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_batch(model, work: Workload, batch: Batch, beam: int, config: Config, *, cut: Optional[int] = None):
+def time_batch(model, work: Workload, batch: Batch, beam: int, config: Config, *, cut: Optional[int] = None,
+               per_step: bool = True):
     """Run one batch, timing its preparation and each step; ``cut`` forces at most that many
-    output tokens (the estimate's short runs), with the real shapes otherwise.
+    output tokens (the estimate's short runs), with the real shapes otherwise. ``per_step=False``
+    times the steps as one part: on a GPU a wait per step would keep the host from queueing
+    ahead of the device, which decoding itself never does (the CPU waits for nothing either way).
     Returns ``(BatchTiming, hypotheses)``."""
     from convs2s.generate import generate
 
     sources, forced = work.inputs(batch)
     device = next(model.parameters()).device
     marks: List[float] = []
-    hook = (lambda step: (_sync(device), marks.append(time.perf_counter())))
+    hook = (lambda step: (_sync(device), marks.append(time.perf_counter())) if per_step or step < 0 else None)
     run_forced = None if forced is None else [min(f, cut) if cut else f for f in forced]
     _sync(device)
     t0 = time.perf_counter()
@@ -82,7 +85,10 @@ def time_batch(model, work: Workload, batch: Batch, beam: int, config: Config, *
                     max_len_b=10 if forced else 200, forced_length=run_forced,
                     fold_attention=config.decoder == "folded", step_hook=hook)
     _sync(device)
-    marks[-1] = time.perf_counter()  # the last step owns the bookkeeping after it: parts sum to the call
+    if per_step:
+        marks[-1] = time.perf_counter()  # the last step owns the bookkeeping after it: parts sum to the call
+    else:
+        marks.append(time.perf_counter())  # every step in one part
     times = [t0] + marks
     return BatchTiming(batch, times[1] - times[0], [b - a for a, b in zip(times[1:], times[2:])]), hyps
 
@@ -128,7 +134,7 @@ def _time_all(model, work: Workload, beam, config, progress):
         bar = tqdm(total=len(work.sources), unit="sent", desc=f"{config.name} beam {beam}", leave=False)
     per_batch, outputs = [], [None] * len(work.sources)
     for b in work.batches:
-        t, hyps = time_batch(model, work, b, beam, config)
+        t, hyps = time_batch(model, work, b, beam, config, per_step=False)
         per_batch.append(t.prepare + sum(t.steps))
         for i, h in zip(b.indices, hyps):
             outputs[i] = h[0]["tokens"]
@@ -140,14 +146,17 @@ def _time_all(model, work: Workload, beam, config, progress):
 
 
 def _warm_up(models: Models, work: Workload, batches, configs, beams) -> None:
-    """Every (configuration, beam) once on the largest and the smallest of the batches to be
-    timed, cut short: first calls allocate, pack weights and pick kernels, and none of that
-    belongs in a timing."""
+    """Every (configuration, beam): one short decoding per autotune bucket of the source lengths
+    to be timed (``ConvS2SModel.warmup``: on a GPU every Triton kernel tuned and compiled), then
+    the largest and the smallest of the batches, cut short: first calls allocate, pack weights,
+    pick kernels and tune, and none of that belongs in a timing."""
     ends = [max(range(len(batches)), key=lambda i: (batches[i].size, batches[i].src_len)),
             min(range(len(batches)), key=lambda i: (batches[i].size, batches[i].src_len))]
+    longest = max(b.src_len for b in batches) + 1  # EOS included
     for config in configs:
         model = models.get(config)
         for beam in beams:
+            model.warmup(max_source_length=min(longest, min(model.max_positions())), beam=beam, fold_attention=config.decoder == "folded")
             for j in ends:
                 time_batch(model, work, batches[j], beam, config, cut=1)
 

@@ -1,0 +1,222 @@
+"""A decoding step recorded once and replayed (``convs2s.step_graph``), checked on a CPU.
+
+The op recorder holds a step to a CUDA graph's contract: a replay re-runs the recorded ATen
+operations with the scalars they were recorded with, into the buffers they wrote. So a step
+that keeps a Python number that changes (the position, a parent index), replaces a buffer
+instead of writing it, or reads a tensor on the host decodes wrongly or fails here as it would
+on a GPU. The same n-best lists with and without recording are the proof; the GPU test at the
+end runs the real CUDA graphs.
+"""
+
+import pytest
+import torch
+
+import convs2s
+import convs2s.decoder as decoder_module
+import convs2s.step_graph as step_graph
+import convs2s_kernels as ck
+from convs2s.step_graph import OpRecorder, StepGraph, StepGraphError, recorder_factory
+from harness import require_or_skip
+from test_host_reads import HostReads
+
+
+# --- the recorder itself ------------------------------------------------------------------------
+def test_a_replay_recomputes_from_the_buffers_with_the_recorded_scalars():
+    x, out_buf = torch.arange(4.0), torch.zeros(4)
+    scale = {"value": 2.0}
+
+    def step():
+        y = x * scale["value"] + 1  # a Python number: recorded as it is now
+        out_buf.copy_(y.flip(0))  # written in place: a view and an in-place op on the way
+        return y
+
+    rec = OpRecorder()
+    y = rec.capture(step)
+    assert torch.equal(y, torch.tensor([1.0, 3.0, 5.0, 7.0]))
+    x.fill_(10.0)
+    scale["value"] = 100.0  # a recording does not see Python values change
+    rec.replay()
+    assert torch.equal(y, torch.full((4,), 21.0)) and torch.equal(out_buf, torch.full((4,), 21.0))
+
+
+@pytest.mark.parametrize("read", [lambda t: t.sum().item(), lambda t: t[t > 0], lambda t: t.nonzero(),
+                                  lambda t: bool(t.any())], ids=["item", "bool-mask", "nonzero", "bool"])
+def test_a_host_read_inside_a_recorded_step_is_an_error(read):
+    t = torch.randn(5)
+    with pytest.raises(StepGraphError, match="reads tensor values on the host"):
+        OpRecorder().capture(lambda: read(t))
+
+
+def test_kernels_the_recorder_cannot_see_are_refused():
+    require_or_skip("cpp")
+    x, w = torch.randn(2, 8), torch.randn(4, 8)
+    with pytest.raises(StepGraphError, match=r"linear \(cpp\).*backend='reference'"):
+        OpRecorder().capture(lambda: ck.linear(x, w, backend="cpp"))
+
+
+class _Recorder:
+    def __init__(self):
+        self.log = []
+
+    def capture(self, fn):
+        self.log.append("capture")
+        return fn()
+
+    def replay(self):
+        self.log.append("replay")
+        return "replayed"
+
+
+def test_a_step_graph_runs_eagerly_then_records_then_replays():
+    calls, rec = [], _Recorder()
+    graph = StepGraph(lambda: calls.append(1) or "ran", rec, torch.device("cpu"))
+    assert [graph() for _ in range(4)] == ["ran", "ran", "replayed", "replayed"]
+    assert len(calls) == 2 and rec.log == ["capture", "replay", "replay"]
+
+
+def test_the_choice_of_recorder_is_checked():
+    cpu = torch.device("cpu")
+    assert recorder_factory(None, cpu) is None and recorder_factory(False, cpu) is None
+    assert recorder_factory("record-ops", cpu) is OpRecorder
+    with pytest.raises(ValueError, match="needs the model on a CUDA device"):
+        recorder_factory(True, cpu)
+    model = convs2s.build_model("fconv_iwslt_de_en", 20, 20).eval()
+    with pytest.raises(ValueError, match="cuda_graph must be None, True, False or 'record-ops'"):
+        convs2s.generate(model, [[5, 6]], cuda_graph="yes")
+
+
+# --- recorded decoding ----------------------------------------------------------------------------
+SOURCES = [[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16], [17, 18, 19, 20], [21, 22, 23, 24]]
+FORCED = [9, 20, 3, 14, 6]  # sentences finishing at different steps: the batch shrinks in stages
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = convs2s.build_model("fconv_iwslt_de_en", 40, 40).eval()
+    m.backend = "reference"  # ATen operations only: what the op recorder can replay
+    return m
+
+
+def _assert_same_nbest(got, want, attention: bool):
+    for g_list, w_list in zip(got, want):
+        assert len(g_list) == len(w_list)
+        for g, w in zip(g_list, w_list):
+            assert torch.equal(g["tokens"], w["tokens"])
+            assert g["score"] == pytest.approx(w["score"], abs=1e-5)
+            torch.testing.assert_close(g["positional_scores"], w["positional_scores"], rtol=0, atol=1e-5)
+            if attention:
+                torch.testing.assert_close(g["attention"], w["attention"], rtol=0, atol=1e-5)
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """How many recordings and replays the op recorder made."""
+    counts = {"captures": 0, "replays": 0}
+    capture, replay = OpRecorder.capture, OpRecorder.replay
+
+    def counting_capture(self, fn):
+        counts["captures"] += 1
+        return capture(self, fn)
+
+    def counting_replay(self):
+        counts["replays"] += 1
+        return replay(self)
+
+    monkeypatch.setattr(OpRecorder, "capture", counting_capture)
+    monkeypatch.setattr(OpRecorder, "replay", counting_replay)
+    return counts
+
+
+@pytest.mark.parametrize("return_attention", [False, True], ids=["no-attn", "attn"])
+@pytest.mark.parametrize("fold_attention", [False, True], ids=["plain", "folded"])
+@pytest.mark.parametrize("beam", [1, 5])
+def test_recorded_steps_give_the_same_nbest_lists(model, replays, beam, fold_attention, return_attention):
+    kw = dict(beam=beam, nbest=beam, forced_length=FORCED, max_len_b=22, fold_attention=fold_attention,
+              return_attention=return_attention)
+    want = convs2s.generate(model, SOURCES, cuda_graph=False, **kw)
+    got = convs2s.generate(model, SOURCES, cuda_graph="record-ops", **kw)
+    _assert_same_nbest(got, want, return_attention)
+    assert all(len(h[0]["tokens"]) == n + 1 for h, n in zip(got, FORCED))
+    # 21 steps; done sentences leave once they are half the batch: 5 -> 3 -> 1 rows of sentences,
+    # each a new recording after one eager step
+    assert replays["captures"] <= 3 and replays["replays"] >= 21 - 2 * 3
+
+
+def test_recorded_int8_and_shortlist_steps_give_the_same_nbest_lists(model, replays):
+    from convs2s.shortlist import Shortlist
+
+    m = convs2s.build_model("fconv_iwslt_de_en", 40, 40).eval()
+    m.load_state_dict(model.state_dict())
+    m.backend = "reference"
+    m.quantize_decoder_int8()
+    shortlist = Shortlist({s: [s % 7 + 10, s % 5 + 20] for s in range(4, 40)}, 40, top=8)
+    kw = dict(beam=3, nbest=2, forced_length=FORCED, max_len_b=22, fold_attention=True, shortlist=shortlist)
+    want = convs2s.generate(m, SOURCES, cuda_graph=False, **kw)
+    got = convs2s.generate(m, SOURCES, cuda_graph="record-ops", **kw)
+    _assert_same_nbest(got, want, False)
+    assert replays["replays"] > 10
+
+
+def test_a_step_that_keeps_a_python_position_is_caught(model, monkeypatch):
+    """The contract has teeth: a step that looks its position up by a Python number (the bug
+    a CUDA graph would replay silently) decodes differently under the recorder."""
+    kw = dict(beam=2, forced_length=FORCED, max_len_b=22)
+    want = convs2s.generate(model, SOURCES, cuda_graph=False, **kw)
+    embedding = decoder_module.F.embedding
+
+    def python_position(index, weight, *args, **kwargs):
+        if index.shape == (1,):  # the step's position: read as a number, as an eager step may
+            return weight[int(index.tolist()[0])].unsqueeze(0)
+        return embedding(index, weight, *args, **kwargs)
+
+    monkeypatch.setattr(decoder_module.F, "embedding", python_position)
+    got = convs2s.generate(model, SOURCES, cuda_graph="record-ops", **kw)
+    assert any(not torch.equal(g[0]["tokens"], w[0]["tokens"]) or abs(g[0]["score"] - w[0]["score"]) > 1e-4
+               for g, w in zip(got, want))
+
+
+def test_recorded_decoding_reads_nothing_back_per_step(model):
+    counts = []
+    for forced in ([2, 4, 3, 2, 3], [9, 20, 14, 12, 18]):
+        steps = []
+        with HostReads() as mode:
+            convs2s.generate(model, SOURCES, beam=3, forced_length=forced, max_len_b=max(forced) + 2,
+                             step_hook=steps.append, cuda_graph="record-ops")
+        counts.append((mode.reads, len(steps)))
+    assert counts[1][1] >= counts[0][1] + 15
+    assert counts[0][0] == counts[1][0], counts
+
+
+def test_a_static_state_composes_two_reorders_before_a_step(model):
+    """The search may reorder twice between steps (parents, then dropping sentences): the static
+    state composes them as the eager one does."""
+    enc = model.encode(torch.tensor([[5, 6, 7, 2], [8, 9, 10, 2]]))
+    eager, static = (model.init_decoder_state(enc, 2) for _ in range(2))
+    static.make_static()
+    tokens = torch.tensor([2, 2, 2, 2])
+    for state in (eager, static):
+        model.decode_step(tokens, state)
+        state.reorder(torch.tensor([1, 1, 2, 3]))
+        state.reorder(torch.tensor([3, 2, 1, 0]))
+    static.static_step_ready()
+    a, _ = model.decode_step(tokens, eager)
+    b, _ = model.decode_step(tokens, static)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    static.reorder(torch.tensor([0, 1]), sentence_index=torch.tensor([0]))  # leaves static mode
+    assert not static.static and static.pending_index is not None
+
+
+# --- the real thing -----------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("beam", [1, 5])
+def test_cuda_graphs_give_the_same_nbest_lists(beam):
+    require_or_skip("triton")
+    torch.manual_seed(0)
+    m = convs2s.build_model("fconv_iwslt_de_en", 40, 40).eval().cuda()
+    m.use_backend("triton")
+    kw = dict(beam=beam, nbest=beam, forced_length=FORCED, max_len_b=22, fold_attention=True)
+    want = convs2s.generate(m, SOURCES, cuda_graph=False, **kw)
+    got = convs2s.generate(m, SOURCES, cuda_graph=True, **kw)
+    _assert_same_nbest(got, want, False)
+    assert isinstance(recorder_factory(None, torch.device("cuda"))(), step_graph.CudaRecorder)
