@@ -311,6 +311,8 @@ def _add_speed_table_parser(bsub) -> None:
                     help="comma-separated; with --backends/--dtype/--decoders every combination is timed "
                          "(default: the reference baseline and the fastest configuration of this machine)")
     st.add_argument("--device", default="cpu")
+    st.add_argument("--no-cuda-graph", action="store_true",
+                    help="on CUDA, decode every step eagerly instead of replaying it as a CUDA graph")
     st.add_argument("--dtype", type=_name_list, default=None,
                     help="fp32, bf16, int8 (int8 decoder weights and activations), int8w (int8 decoder weights, "
                          "fp32 activations), comma-separated")

@@ -48,6 +48,7 @@ class Workload:
     sources: List[List[int]]          # token ids, EOS excluded
     forced: Optional[List[int]]       # forced output lengths (random weights), None with a checkpoint
     batch_size: int
+    cuda_graph: bool = True           # decoding steps as CUDA graphs on CUDA (generate's default)
 
     def __post_init__(self):
         # the batches the full run makes (generate's own batching), once
@@ -83,7 +84,8 @@ def time_batch(model, work: Workload, batch: Batch, beam: int, config: Config, *
     t0 = time.perf_counter()
     hyps = generate(model, sources, beam=beam, batch_size=len(sources), max_len_a=1.2 if forced else 0.0,
                     max_len_b=10 if forced else 200, forced_length=run_forced,
-                    fold_attention=config.decoder == "folded", step_hook=hook)
+                    fold_attention=config.decoder == "folded", step_hook=hook,
+                    cuda_graph=None if work.cuda_graph else False)
     _sync(device)
     if per_step:
         marks[-1] = time.perf_counter()  # the last step owns the bookkeeping after it: parts sum to the call
@@ -156,7 +158,8 @@ def _warm_up(models: Models, work: Workload, batches, configs, beams) -> None:
     for config in configs:
         model = models.get(config)
         for beam in beams:
-            model.warmup(max_source_length=min(longest, min(model.max_positions())), beam=beam, fold_attention=config.decoder == "folded")
+            model.warmup(max_source_length=min(longest, min(model.max_positions())), beam=beam,
+                         fold_attention=config.decoder == "folded", cuda_graph=None if work.cuda_graph else False)
             for j in ends:
                 time_batch(model, work, batches[j], beam, config, cut=1)
 
@@ -264,6 +267,7 @@ class SpeedTableRequest:
     batch_size: int = 128
     vocab: int = 40000
     seed: int = 1
+    cuda_graph: bool = True
 
     def configs(self) -> Tuple[torch.device, List[Config]]:
         """The device and the configurations to time; options that do not fit together are an error."""
@@ -326,7 +330,7 @@ def make_workload(request: SpeedTableRequest, model, src_dict, tokenizer, log) -
     if len(keep) < len(ids):
         log(f"skipping {len(ids) - len(keep)} empty or over-long sentences")
     ids, order = [ids[i] for i in keep], [order[i] for i in keep]
-    work = Workload(ids, None if request.checkpoint else forced_lengths(ids), request.batch_size)
+    work = Workload(ids, None if request.checkpoint else forced_lengths(ids), request.batch_size, request.cuda_graph)
     return work, order, n_total
 
 
@@ -363,7 +367,8 @@ def _setup(request: SpeedTableRequest, model, arch_name: str, work: Workload, n_
                 subset=None if sentences is None else f"first {len(work.sources)} of a fixed shuffled order "
                                                       f"(seed {SUBSET_SEED})",
                 forced_length=None if checkpoint else "round(1.1 x source length)",
-                vocab=None if checkpoint else request.vocab, seed=request.seed)
+                vocab=None if checkpoint else request.vocab, seed=request.seed,
+                cuda_graph=request.cuda_graph and request.device.startswith("cuda"))
 
 
 def run(request: Optional[SpeedTableRequest] = None, *, progress: bool = False,
@@ -498,7 +503,9 @@ def _header(result: dict) -> List[str]:
         + f"; {machine['threads']} threads; {machine.get('allocator', 'unknown')}; torch {machine['torch']}"
         + "".join(f", {k} {machine[k]}" for k in ("mkl", "onednn") if machine.get(k))
         + ("; bf16 native (" + machine["native_bf16"] + ")" if machine.get("native_bf16") else "; bf16 not native")
-        + (f"; {machine['gpu']}" if machine.get("gpu") else "") + ".",
+        + (f"; {machine['gpu']}" if machine.get("gpu") else "")
+        + ({True: "; decoding steps replayed as CUDA graphs", False: "; decoding steps eager (--no-cuda-graph)"}
+           .get(setup.get("cuda_graph")) if machine.get("gpu") else "") + ".",
         "Peaks measured in this run: GEMM " + ", ".join(
             f"{k[len('gemm_gflops_'):]} {v:.0f} GFLOP/s" for k, v in machine.items() if k.startswith("gemm_gflops_"))
         + (f"; copy {machine['copy_gbps']:.1f} GB/s" if "copy_gbps" in machine else "")
