@@ -95,7 +95,7 @@ def _load_for_translation(args):
 def _gen_kwargs(args):
     return dict(beam=args.beam, nbest=args.nbest, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
                 min_len=args.min_len, lenpen=args.lenpen, unkpen=args.unkpen, batch_size=args.batch_size,
-                fold_attention=args.fold_attention)
+                fold_attention=args.fold_attention, cuda_graph=False if args.no_cuda_graph else None)
 
 
 def _run_translation(args, consume) -> int:
@@ -268,6 +268,8 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help="kernel backend: auto, cpp, triton, reference")
     p.add_argument("--fold-attention", action="store_true",
                    help="precompute the attention projections per sentence (same output, faster steps)")
+    p.add_argument("--no-cuda-graph", action="store_true",
+                   help="on CUDA, run every decoding step eagerly instead of replaying it as a CUDA graph")
     p.add_argument("--shortlist", metavar="FILE",
                    help="vocabulary selection: score only the target words FILE lists for the batch's source "
                         "words ('src tgt1 tgt2 ...' per line) plus the --shortlist-top most frequent")

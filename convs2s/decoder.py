@@ -112,7 +112,9 @@ class DecoderState:
         tensors written in place, the conv states are overwritten in place, and the step
         count is advanced by :meth:`static_step_done`, so that a replayed step reads its
         changing inputs from memory rather than from Python values it was recorded with.
-        Sentences leaving (:meth:`reorder` with ``sentence_index``) end static mode."""
+        Sentences leaving (:meth:`reorder` with ``sentence_index``) end static mode. A static
+        state is stepped by :class:`convs2s.step_graph.RecordedDecodeStep`; a direct
+        ``decode_step`` on it needs :meth:`static_step_ready` before and :meth:`static_step_done` after."""
         if self.static:
             return
         if self.pending_index is not None:
@@ -274,7 +276,8 @@ class Decoder(nn.Module):
                      backend: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """One decoding step: ``tokens (N,)``, the previous output of each row (EOS at step 0).
 
-        Returns ``(logits (N, V), averaged attention (N, S) or None)`` and advances ``state``.
+        Returns ``(logits (N, V), averaged attention (N, S) or None)`` and advances ``state``
+        (a static state's tensors only: see :meth:`DecoderState.make_static`).
         """
         N = state.num_rows
         if tokens.dim() != 1 or tokens.shape[0] != N:

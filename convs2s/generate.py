@@ -258,7 +258,7 @@ class _BeamSearch:
     """The buffers of one batch's beam search: ``bsz * k`` rows (a sentence's beams adjacent) of
     tokens (EOS first), cumulative scores and attention; finished hypotheses in preallocated
     tensors (:class:`convs2s_kernels.FinishedHypotheses`); sentences leave the batch once the host
-    knows they are done."""
+    knows they are done (with a recorded step, once they are half of it: :meth:`leave`)."""
 
     def __init__(self, model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions, forced_len=None):
         self.model, self.options, self.forced_len = model, options, forced_len

@@ -22,7 +22,7 @@ Two recorders:
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -79,7 +79,7 @@ def _writes_its_result_in_place(func) -> bool:
 class OpRecorder:
     """Records the ATen operations of a step and replays them (see the module's docstring)."""
 
-    def __init__(self):
+    def __init__(self, device: Optional[torch.device] = None):
         self.ops: List[Tuple] = []
         self.outputs = None
 
@@ -108,19 +108,36 @@ class CudaRecorder:
     """``torch.cuda.CUDAGraph`` behind the recorder interface; ``pool`` shares memory between the
     graphs of one ``generate`` call (only the newest is ever replayed)."""
 
-    def __init__(self, pool=None):
+    _streams: Dict[torch.device, "torch.cuda.Stream"] = {}  # one capture stream per device
+
+    def __init__(self, device: torch.device, pool=None):
+        self.device, self.pool = device, pool
         self.graph = torch.cuda.CUDAGraph()
-        self.pool = pool
         self.outputs = None
 
     def capture(self, fn: Callable):
-        with torch.cuda.graph(self.graph, pool=self.pool):
-            self.outputs = fn()
-        self.graph.replay()  # capturing records the kernels without running them
+        # capture_begin/end directly: torch.cuda.graph() would first synchronise the device and empty
+        # the allocator's caches, costs paid a few times per batch for memory the pool reuses anyway
+        with torch.cuda.device(self.device):
+            stream = self._streams.setdefault(self.device, torch.cuda.Stream(self.device))
+            stream.wait_stream(torch.cuda.current_stream())
+            try:
+                with torch.cuda.stream(stream):
+                    self.graph.capture_begin(pool=self.pool)
+                    try:
+                        self.outputs = fn()
+                    finally:
+                        self.graph.capture_end()
+            except Exception as exc:
+                raise StepGraphError(f"recording the decoding step as a CUDA graph failed ({exc}); decode eagerly "
+                                     "with generate(cuda_graph=False) or --no-cuda-graph") from exc
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph.replay()  # capturing records the kernels without running them
         return self.outputs
 
     def replay(self):
-        self.graph.replay()
+        with torch.cuda.device(self.device):
+            self.graph.replay()
         return self.outputs
 
 
@@ -128,11 +145,12 @@ def warm_up(fn: Callable, device: torch.device):
     """One eager run before recording; on CUDA on a side stream, as ``torch.cuda.graphs`` asks."""
     if device.type != "cuda":
         return fn()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        out = fn()
-    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = fn()
+        torch.cuda.current_stream().wait_stream(side)
     return out
 
 
@@ -140,7 +158,8 @@ class StepGraph:
     """``fn()`` run as warm-up, then recorded, then replayed (see the module's docstring).
 
     ``fn`` reads only fixed buffers and returns fixed tensors: the caller writes the next step's
-    inputs into them before each call and reads the outputs before the next.
+    inputs into them before each call and reads the outputs before the next. A call that raises
+    does not count: the next one warms up or records again.
     """
 
     def __init__(self, fn: Callable, recorder, device: torch.device):
@@ -148,26 +167,30 @@ class StepGraph:
         self.calls = 0
 
     def __call__(self):
+        if self.calls == 0:
+            out = warm_up(self.fn, self.device)
+        elif self.calls == 1:
+            out = self.recorder.capture(self.fn)
+        else:
+            out = self.recorder.replay()
         self.calls += 1
-        if self.calls == 1:
-            return warm_up(self.fn, self.device)
-        if self.calls == 2:
-            return self.recorder.capture(self.fn)
-        return self.recorder.replay()
+        return out
 
 
 MODES = (None, False, True, "record-ops")
 
 
 def recorder_factory(mode, device: torch.device) -> Optional[Callable[[], object]]:
-    """What records decoding steps for ``generate(cuda_graph=mode)`` on ``device``, or None (eager).
+    """What records decoding steps for ``generate(cuda_graph=mode)`` on ``device`` (called with the
+    device, it gives a recorder), or None (eager).
 
     ``None`` (default): CUDA graphs on CUDA, eager elsewhere; ``True``: CUDA graphs (CUDA tensors
     only); ``False``: eager; ``"record-ops"``: the op recorder on any device (the CPU tests, and a
     way to check on a CPU what a graph would compute; ``backend="reference"`` only).
 
     With a recorded step, finished sentences leave the batch once they are half of it (each new
-    row count is a new recording) instead of at once; the n-best lists are the same."""
+    row count is a new recording) instead of at once: the same n-best lists, up to the rounding
+    of products over another number of rows."""
     if mode not in MODES:
         raise ValueError(f"cuda_graph must be None, True, False or 'record-ops', got {mode!r}")
     if mode == "record-ops":
@@ -177,21 +200,23 @@ def recorder_factory(mode, device: torch.device) -> Optional[Callable[[], object
     if device.type != "cuda":
         raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device.type}")
     pool = torch.cuda.graph_pool_handle()
-    return lambda: CudaRecorder(pool)
+    return lambda dev: CudaRecorder(dev, pool)
 
 
 class RecordedDecodeStep:
     """``model.decode_step`` as a :class:`StepGraph` on ``state`` (put in static mode): the tokens
     are copied into a fixed buffer, the state's parents and position live in its own buffers.
     Call it as ``decode_step(tokens, state)`` would be called; valid while the state's rows stay
-    (a reorder that drops sentences ends static mode: record a new one)."""
+    (a reorder that drops sentences ends static mode: record a new one). Token ids are
+    range-checked at the first (eager) call only: a check reads them on the host."""
 
     def __init__(self, model, state, need_attn: bool, recorder):
         state.make_static()
-        self.state = state
+        self.state, self.max_steps = state, model.decoder.max_positions
         device = state.encoder_out.z.device
-        self.tokens = torch.zeros(state.num_rows, dtype=torch.long, device=device)
-        self.graph = StepGraph(lambda: model.decode_step(self.tokens, state, need_attn=need_attn), recorder(),
+        tokens = self.tokens = torch.zeros(state.num_rows, dtype=torch.long, device=device)
+        # the step reads these locals, not self: no reference cycle keeps a graph and its pool alive
+        self.graph = StepGraph(lambda: model.decode_step(tokens, state, need_attn=need_attn), recorder(device),
                                device)
 
     @property
@@ -201,8 +226,16 @@ class RecordedDecodeStep:
     def __call__(self, tokens: torch.Tensor):
         if not self.valid:
             raise StepGraphError("the decoder state left static mode (sentences dropped): record a new step")
+        if tokens.shape != self.tokens.shape:
+            raise ValueError(f"tokens must have shape {tuple(self.tokens.shape)}, got {tuple(tokens.shape)}")
+        if self.state.step >= self.max_steps:  # a replay would index past the position table
+            raise ValueError(f"step {self.state.step} is past the position table ({self.max_steps} positions)")
         self.tokens.copy_(tokens)
         self.state.static_step_ready()
-        out = self.graph()
+        if self.graph.calls == 0:
+            out = self.graph()
+        else:
+            with ck.trusted_indices():
+                out = self.graph()
         self.state.static_step_done()
         return out

@@ -27,7 +27,7 @@ def test_a_replay_recomputes_from_the_buffers_with_the_recorded_scalars():
 
     def step():
         y = x * scale["value"] + 1  # a Python number: recorded as it is now
-        out_buf.copy_(y.flip(0))  # written in place: a view and an in-place op on the way
+        out_buf.view(2, 2).copy_(y.flip(0).view(2, 2))  # views, and an in-place write through one
         return y
 
     rec = OpRecorder()
@@ -74,10 +74,26 @@ def test_a_step_graph_runs_eagerly_then_records_then_replays():
     assert len(calls) == 2 and rec.log == ["capture", "replay", "replay"]
 
 
+def test_a_failed_recording_does_not_count():
+    rec, fail = _Recorder(), [True]
+
+    def step():
+        if rec.log and fail[0]:  # the recording call fails once
+            fail[0] = False
+            raise RuntimeError("capture failed")
+        return "ran"
+
+    graph = StepGraph(step, rec, torch.device("cpu"))
+    assert graph() == "ran"
+    with pytest.raises(RuntimeError, match="capture failed"):
+        graph()
+    assert graph() == "ran" and graph() == "replayed"  # recorded again, then replayed
+
+
 def test_the_choice_of_recorder_is_checked():
     cpu = torch.device("cpu")
     assert recorder_factory(None, cpu) is None and recorder_factory(False, cpu) is None
-    assert recorder_factory("record-ops", cpu) is OpRecorder
+    assert isinstance(recorder_factory("record-ops", cpu)(cpu), OpRecorder)
     with pytest.raises(ValueError, match="needs the model on a CUDA device"):
         recorder_factory(True, cpu)
     model = convs2s.build_model("fconv_iwslt_de_en", 20, 20).eval()
@@ -138,8 +154,8 @@ def test_recorded_steps_give_the_same_nbest_lists(model, replays, beam, fold_att
     got = convs2s.generate(model, SOURCES, cuda_graph="record-ops", **kw)
     _assert_same_nbest(got, want, return_attention)
     assert all(len(h[0]["tokens"]) == n + 1 for h, n in zip(got, FORCED))
-    # 21 steps; done sentences leave once they are half the batch: 5 -> 3 -> 1 rows of sentences,
-    # each a new recording after one eager step
+    # 21 steps; done sentences leave once they are half the batch: 5 -> 2 -> 1 sentences, each
+    # a new recording after one eager step
     assert replays["captures"] <= 3 and replays["replays"] >= 21 - 2 * 3
 
 
@@ -188,6 +204,27 @@ def test_recorded_decoding_reads_nothing_back_per_step(model):
     assert counts[0][0] == counts[1][0], counts
 
 
+def test_a_recorded_step_outside_generate(model):
+    """Used on its own (no trusted_indices around it), with its argument checks."""
+    enc = model.encode(torch.tensor([[5, 6, 7, 2], [8, 9, 10, 2]]))
+    eager, static = (model.init_decoder_state(enc, 2) for _ in range(2))
+    step = step_graph.RecordedDecodeStep(model, static, False, recorder_factory("record-ops", enc.z.device))
+    for t in range(4):
+        tokens = torch.tensor([2, 5, 6, 7]) if t else torch.full((4,), 2)
+        want, _ = model.decode_step(tokens, eager)
+        got, _ = step(tokens)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        parents = torch.tensor([1, 0, 3, 3])
+        eager.reorder(parents)
+        static.reorder(parents)
+    assert step.graph.calls == 4 and static.step == 4
+    with pytest.raises(ValueError, match=r"tokens must have shape \(4,\)"):
+        step(torch.tensor([2]))
+    static.step = model.decoder.max_positions
+    with pytest.raises(ValueError, match="past the position table"):
+        step(torch.full((4,), 2))
+
+
 def test_a_static_state_composes_two_reorders_before_a_step(model):
     """The search may reorder twice between steps (parents, then dropping sentences): the static
     state composes them as the eager one does."""
@@ -196,12 +233,16 @@ def test_a_static_state_composes_two_reorders_before_a_step(model):
     static.make_static()
     tokens = torch.tensor([2, 2, 2, 2])
     for state in (eager, static):
+        state.static_step_ready() if state.static else None
         model.decode_step(tokens, state)
+        state.static_step_done() if state.static else None
         state.reorder(torch.tensor([1, 1, 2, 3]))
         state.reorder(torch.tensor([3, 2, 1, 0]))
     static.static_step_ready()
     a, _ = model.decode_step(tokens, eager)
     b, _ = model.decode_step(tokens, static)
+    static.static_step_done()
+    assert static.step == eager.step == 2
     torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     static.reorder(torch.tensor([0, 1]), sentence_index=torch.tensor([0]))  # leaves static mode
     assert not static.static and static.pending_index is not None
@@ -209,14 +250,30 @@ def test_a_static_state_composes_two_reorders_before_a_step(model):
 
 # --- the real thing -----------------------------------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fold_attention,return_attention", [(False, True), (True, False)], ids=["plain", "folded"])
 @pytest.mark.parametrize("beam", [1, 5])
-def test_cuda_graphs_give_the_same_nbest_lists(beam):
+def test_cuda_graphs_give_the_same_nbest_lists(beam, fold_attention, return_attention, dtype, monkeypatch):
     require_or_skip("triton")
     torch.manual_seed(0)
-    m = convs2s.build_model("fconv_iwslt_de_en", 40, 40).eval().cuda()
+    m = convs2s.build_model("fconv_iwslt_de_en", 40, 40).eval().to("cuda", dtype)
     m.use_backend("triton")
-    kw = dict(beam=beam, nbest=beam, forced_length=FORCED, max_len_b=22, fold_attention=True)
-    want = convs2s.generate(m, SOURCES, cuda_graph=False, **kw)
-    got = convs2s.generate(m, SOURCES, cuda_graph=True, **kw)
-    _assert_same_nbest(got, want, False)
-    assert isinstance(recorder_factory(None, torch.device("cuda"))(), step_graph.CudaRecorder)
+    counts = {"replays": 0}
+    replay = step_graph.CudaRecorder.replay
+
+    def counting_replay(self):
+        counts["replays"] += 1
+        return replay(self)
+
+    monkeypatch.setattr(step_graph.CudaRecorder, "replay", counting_replay)
+    kw = dict(beam=beam, nbest=beam, forced_length=FORCED, max_len_b=22, fold_attention=fold_attention,
+              return_attention=return_attention)
+    with ck.count_dispatches() as dispatched:
+        want = convs2s.generate(m, SOURCES, cuda_graph=False, **kw)
+        got = convs2s.generate(m, SOURCES, **kw)  # the default on CUDA
+    assert counts["replays"] >= 21 - 2 * 3 and dispatched[("conv_step", "triton")] > 0
+    if dtype == torch.float32:
+        _assert_same_nbest(got, want, return_attention)
+    else:  # bf16: the same tokens; scores to bf16's rounding of products over other row counts
+        for g, w in zip(got, want):
+            assert torch.equal(g[0]["tokens"], w[0]["tokens"])

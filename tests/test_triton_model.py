@@ -114,9 +114,13 @@ def test_generation_equals_reference(triton_calls, beam):
 
 @pytest.fixture
 def autotune_keys(monkeypatch):
-    """Every (kernel, autotune key) a Triton autotuner is asked for, computed as Triton computes it
-    (the key's arguments, then the dtypes of the tensors), whether or not it has several configs."""
+    """Every (kernel, autotune key, specialisation) a Triton autotuner is asked for: the key as
+    Triton computes it (the key's arguments, then the dtypes of the tensors), whether or not it has
+    several configs, and what Triton compiles a kernel anew for (each integer argument equal to 1,
+    divisible by 16 or neither; each tensor's address 16-byte aligned or not)."""
     from triton.runtime.autotuner import Autotuner
+
+    from convs2s_kernels.buckets import specialization
 
     keys = []
     run = Autotuner.run
@@ -125,7 +129,9 @@ def autotune_keys(monkeypatch):
         named = {**dict(zip(self.arg_names, args)), **{k: v for k, v in kwargs.items() if k in self.arg_names}}
         key = tuple(named[k] for k in self.keys if k in named)
         key += tuple(str(v.dtype) for v in named.values() if hasattr(v, "dtype"))
-        keys.append((self.base_fn.__name__, key))
+        spec = tuple(specialization(v) if isinstance(v, int) and not isinstance(v, bool)
+                     else v.data_ptr() % 16 == 0 if isinstance(v, torch.Tensor) else None for v in named.values())
+        keys.append((self.base_fn.__name__, key, spec))
         return run(self, *args, **kwargs)
 
     monkeypatch.setattr(Autotuner, "run", recording_run)
@@ -133,34 +139,42 @@ def autotune_keys(monkeypatch):
 
 
 def test_warmup_tunes_every_key_decoding_meets(triton_calls, autotune_keys):
-    """After ``warmup`` up to a source length, decoding sentences of any length up to it asks the
-    autotuners for no key they have not seen: no tuning (seconds on a GPU) inside a timing."""
-    model = _model()
+    """After ``warmup`` up to a source length, decoding sentences of any length up to it, in
+    batches of any size, asks the autotuners for no key and Triton for no specialisation they have
+    not seen: no tuning or compiling (seconds on a GPU) inside a timing."""
+    # channels in multiples of 16, as every fconv architecture has (they keep strides in one class)
+    model = small("custom", encoder_embed_dim=16, decoder_embed_dim=16, decoder_out_embed_dim=16,
+                  encoder_layers="[(16, 3)] * 2 + [(32, 1)]", decoder_layers="[(16, 3), (32, 2), (32, 1)]",
+                  decoder_attention="True").to(DEVICE)
     model.use_backend("triton")
-    sources = [[5] * 2, [6] * 16, [7] * 31, [8] * 39]  # 3, 17, 32 and 40 tokens with EOS
-    assert model.warmup(max_source_length=16, beam=2) == [16]
+    sources = [[5] * 2, [6] * 16, [6] * 16, [7] * 31] + [[8] * 39] * 3 + [[9] * 20] * 16
+    assert model.warmup(max_source_length=16, beam=2) == [1, 15, 16]
     short_warmup = set(autotune_keys)
     autotune_keys.clear()
-    assert model.warmup(max_source_length=40, beam=2, fold_attention=True) == [16, 32, 40]
-    assert model.warmup(max_source_length=40, beam=2) == [16, 32, 40]
+    assert model.warmup(max_source_length=40, beam=2, fold_attention=True) == [1, 15, 16, 31, 32, 40]
+    model.warmup(max_source_length=40, beam=2)
     warmed = set(autotune_keys)
     autotune_keys.clear()
     for fold in (False, True):
         convs2s.generate(model, sources, beam=2, max_len_b=4, fold_attention=fold)
     met = set(autotune_keys)
     assert triton_calls.get("conv_step") > 0 and met, "the decoding ran no Triton autotuner"
-    assert met <= warmed, f"keys met only while decoding: {sorted(met - warmed)}"
+    assert met <= warmed, f"met only while decoding: {sorted(met - warmed)}"
     assert not met <= short_warmup  # the check can fail: warming up to 16 tokens misses the longer buckets
+    with pytest.raises(ValueError, match="drop max_len_b"):
+        model.warmup(max_source_length=16, max_len_b=3)
 
 
-def test_warmup_buckets_are_the_kernels_buckets():
+def test_warmup_covers_every_bucket_and_specialization():
     from convs2s_kernels import buckets
     from convs2s_kernels.triton_common import config
 
     assert all(buckets.bucket(n) == config.bucket(n) for n in range(1, 5000))
-    for largest in range(1, 1100):
-        lengths = buckets.bucket_representatives(largest)
-        assert lengths[-1] == largest and len({config.bucket(n) for n in lengths}) == len(lengths)
-        assert {config.bucket(n) for n in lengths} == {config.bucket(n) for n in range(1, largest + 1)}
+    pairs = lambda sizes: {(config.bucket(n), buckets.specialization(n)) for n in sizes}  # noqa: E731
+    for smallest in (1, 7):
+        for largest in range(smallest, 1100):
+            lengths = buckets.warmup_lengths(largest, smallest)
+            assert lengths[-1] == largest and len(pairs(lengths)) == len(lengths)
+            assert pairs(lengths) == pairs(range(smallest, largest + 1))
     with pytest.raises(ValueError, match="need 1 <= smallest <= largest"):
-        buckets.bucket_representatives(0)
+        buckets.warmup_lengths(0)
