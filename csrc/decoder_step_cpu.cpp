@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common.h"
+#include "glu.h"
 #include "kernels.h"
 #include "small_gemm.h"
 
@@ -46,19 +47,26 @@ std::pair<at::Tensor, at::Tensor> conv_step(const at::Tensor& x, const at::Tenso
   }
   const at::Tensor window = conv_window(x, state, parents);
   const at::Tensor pre = linear(window.view({window.size(0), -1}), w, scale, bias, int8_x, packed);
-  return {at::glu(pre, -1), window.slice(1, 1)};
+  if (pre.scalar_type() != at::kFloat) return {at::glu(pre, -1), window.slice(1, 1)};
+  // float32 rows: the conv kernels' GLU pass (one loop, no dispatch) instead of ATen's
+  const int64_t rows = pre.size(0), c = pre.size(1) / 2;
+  at::Tensor out = at::empty({rows, c}, pre.options());
+  glu_epilogue<float>(pre.contiguous().data_ptr<float>(), nullptr, 1.0, rows, c, out.data_ptr<float>());
+  return {out, window.slice(1, 1)};
 }
 
 // One layer's folded attention for float32 activations (convs2s.decoder.FoldedAttention.step),
 // sentence by sentence through the few-row kernels and one loop for the masked softmax, instead of
 // a dozen ATen calls (each ~10 us of dispatch and allocation around a few microseconds of work):
 //   p = softmax_s(((emb + z_bias) + h . z_in) sqrt(1/2), masked), out = ((p sqrt(len)) y_out + b_out + h) sqrt(1/2).
-// Returns out (N, C) and, when need_attn, p (N, S).
+// With a residual (N, C), the layer's residual sum too: out = (out + residual) sqrt(1/2), in the same
+// loop and the same roundings as the separate sum (this file is built for baseline x86-64: no FMA
+// contraction). Returns out (N, C) and, when need_attn, p (N, S).
 std::pair<at::Tensor, at::Tensor> folded_attention_f32(const at::Tensor& x, const at::Tensor& emb_scores,
                                                        const at::Tensor& z_in, const at::Tensor& z_bias,
                                                        const at::Tensor& y_out, const at::Tensor& b_out,
                                                        const at::Tensor& pad_mask, const at::Tensor& src_scale,
-                                                       bool need_attn) {
+                                                       bool need_attn, const at::Tensor& residual) {
   const int64_t N = x.size(0), C = x.size(1), B = emb_scores.size(0), beam = emb_scores.size(1),
                 S = emb_scores.size(2);
   // the pointers below are read as these shapes, on the CPU
@@ -72,6 +80,11 @@ std::pair<at::Tensor, at::Tensor> folded_attention_f32(const at::Tensor& x, cons
   TORCH_CHECK(pad_mask.device().is_cpu() && pad_mask.dim() == 2 && pad_mask.size(0) == B && pad_mask.size(1) == S &&
                   src_scale.numel() == B,
               "decoder_layers_step: pad_mask must be (B, S) and src_scale (B,)");
+  TORCH_CHECK(!residual.defined() || (residual.device().is_cpu() && residual.scalar_type() == at::kFloat &&
+                                      residual.dim() == 2 && residual.size(0) == N && residual.size(1) == C),
+              "decoder_layers_step: a layer's residual must be CPU float32 (N, C) = (", N, ", ", C, ")");
+  const at::Tensor rc = residual.defined() ? residual.contiguous() : residual;
+  const float* rp = rc.defined() ? rc.data_ptr<float>() : nullptr;
   const at::Tensor xc = x.contiguous(), ec = emb_scores.contiguous(), zc = z_in.contiguous(),
                    zb = z_bias.contiguous(), yc = y_out.contiguous(), bc = b_out.contiguous(),
                    pm = pad_mask.contiguous(), ls = src_scale.contiguous();
@@ -107,7 +120,12 @@ std::pair<at::Tensor, at::Tensor> folded_attention_f32(const at::Tensor& x, cons
       }
       float* o = op + b * beam * C;
       small_gemm_kn<float>(beam, p.data(), S, yp + b * S * C, S, C, bp, o, C);
-      for (int64_t i = 0; i < beam * C; ++i) o[i] = (o[i] + h[i]) * half;
+      if (rp) {
+        const float* r = rp + b * beam * C;
+        for (int64_t i = 0; i < beam * C; ++i) o[i] = ((o[i] + h[i]) * half + r[i]) * half;
+      } else {
+        for (int64_t i = 0; i < beam * C; ++i) o[i] = (o[i] + h[i]) * half;
+      }
     }
   });
   return {out, attn};
@@ -160,8 +178,9 @@ std::vector<at::Tensor> decoder_layers_step(
                                 emb_scores.scalar_type() == at::kFloat && pad_mask.scalar_type() == at::kBool;
     if (fast_attention) {
       auto att = folded_attention_f32(x, emb_scores, *z_in[i], *z_bias[i], *y_out[i], *b_out[i], pad_mask,
-                                      length_scale.view({-1}), need_attn);
+                                      length_scale.view({-1}), need_attn, res);
       x = att.first;
+      res = at::Tensor();  // summed by the attention's loop
       if (need_attn) {
         const at::Tensor a = att.second / static_cast<double>(L);
         attn_sum = attn_sum.defined() ? attn_sum + a : a;
