@@ -28,7 +28,8 @@ from convs2s_kernels.reference import search_rules_ref
 from .errors import Convs2sError
 from .model import ConvS2SModel
 from .special_tokens import EOS, PAD, UNK
-from .step_graph import RecordedDecodeStep, recorder_factory
+from .recorded_search import RecordedSearchStep
+from .step_graph import recorder_factory
 
 
 class GenerationError(Convs2sError):
@@ -211,7 +212,10 @@ def _beam_search(model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions
         step_hook(-1)
     with ck.trusted_indices():
         for step in range(search.max_len + 1):
-            search.update(step, search.candidates(step, search.logits(step)))
+            if search.recorder is not None and step > 0:
+                search.recorded_step(step)
+            else:
+                search.update(step, search.candidates(step, search.logits(step)))
             done_rows = search.done_rows()
             if search.all_done() or step >= search.max_len:
                 if step_hook is not None:
@@ -288,18 +292,12 @@ class _BeamSearch:
         self.backend = options.search_backend if options.search_backend is not None else model.backend
         self.ops = BoundCalls()
         self.recorder = recorder_factory(options.cuda_graph, device)
-        self.recorded: Optional[RecordedDecodeStep] = None  # the decoder's step, recorded for these rows
+        self.recorded: Optional[RecordedSearchStep] = None  # steps 1+ recorded for these rows and buffers
         self.leaving: List[int] = []  # batch rows of done sentences still in the buffers
 
     def logits(self, step: int) -> torch.Tensor:
         """Decode one step: every row's scores of its next token (attention kept when asked)."""
-        tokens = self.tokens[:, step]
-        if self.recorder is None:
-            logits, step_attn = self.model.decode_step(tokens, self.state, need_attn=self.options.need_attn)
-        else:
-            if self.recorded is None or not self.recorded.valid:
-                self.recorded = RecordedDecodeStep(self.model, self.state, self.options.need_attn, self.recorder)
-            logits, step_attn = self.recorded(tokens)
+        logits, step_attn = self.model.decode_step(self.tokens[:, step], self.state, need_attn=self.options.need_attn)
         if self.attn is not None and step_attn is not None:
             self.attn[:, :, step + 1].copy_(step_attn)
         return logits
@@ -324,6 +322,15 @@ class _BeamSearch:
             self.sent_ids, self.finished, lenpen=self.options.lenpen, at_max_len=step == self.max_len,
             attn=self.attn, eos=EOS, backend=self.backend)
         self.state.reorder(parents)
+        self.mailbox.post(self.finished.done)
+
+    def recorded_step(self, step: int) -> None:
+        """A whole step after the first, recorded (:class:`convs2s.recorded_search.RecordedSearchStep`:
+        the decoder's step and the search's two ops, the step counted on the device) and replayed;
+        post which sentences are done."""
+        if self.recorded is None or not self.recorded.valid(self):
+            self.recorded = RecordedSearchStep(self, step)
+        self.recorded(step)
         self.mailbox.post(self.finished.done)
 
     def done_rows(self) -> List[int]:

@@ -1,4 +1,5 @@
-"""A decoding step recorded once and replayed: one CUDA graph launch instead of ~200 kernel launches.
+"""A decoding step recorded once and replayed: one CUDA graph launch instead of hundreds of kernel
+launches (:mod:`convs2s.recorded_search` records the search's whole step with it).
 
 :class:`StepGraph` runs a step function on fixed buffers: its first call runs eagerly (the warm-up:
 Triton tunes and compiles, libraries allocate their workspaces), its second records the step and

@@ -107,3 +107,67 @@ def test_input_errors():
     why = ck.backend_reasons("cpp", "beam_update", tokens.device, cands, 1, tokens, scores.double(), ignore,
                              sent_ids, finished)
     assert why and "float32" in why[0]
+
+
+# --- a step counted on the device (a recorded search step) --------------------------------------
+def _search(step_as_tensor: bool, B=3, k=4, V=11, L=9, S=5, lenpen=0.6, forced=True, attention=True, seed=0):
+    """Both search ops over a whole batch, step by step, with int steps or (from step 1) a (1,)
+    tensor step; returns the finished hypotheses."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.full((B * k, L + 2), 1, dtype=torch.long)
+    tokens[:, 0] = 2
+    scores, attn = torch.zeros(B * k, L + 1), torch.zeros(B * k, S, L + 2) if attention else None
+    f = ck.FinishedHypotheses.empty(B, k, L, S if attention else 0)
+    ignore, sent = torch.zeros(B, k, dtype=torch.bool), torch.arange(B)
+    forced_len = torch.tensor([3, 5, 9]).repeat_interleave(k) if forced else None
+    step_t = torch.zeros(1, dtype=torch.long)
+    for step in range(L + 1):
+        logits = torch.randn(B * k, V, generator=g)
+        if attention:
+            attn[:, :, step + 1] = torch.rand(B * k, S, generator=g)
+        on_device = step_as_tensor and step > 0
+        s = step_t.fill_(step) if on_device else step
+        cands = ck.beam_candidates(logits, scores[:, step - 1] if step else None, beam=k, step=s, max_len=L,
+                                   min_len=2, unkpen=0.5, forced_len=forced_len, ignore=ignore, backend="reference")
+        at_max = step_t == L if on_device else step == L
+        _, ignore = ck.beam_update(cands, s, tokens, scores, ignore, sent, f, lenpen=lenpen, at_max_len=at_max,
+                                   attn=attn, backend="reference")
+    return f
+
+
+@pytest.mark.parametrize("forced,attention", [(False, False), (True, True)], ids=["free", "forced-attn"])
+@pytest.mark.parametrize("lenpen", [1.0, 0.6])
+def test_a_device_step_gives_the_same_hypotheses(lenpen, forced, attention):
+    want, got = (_search(on_device, lenpen=lenpen, forced=forced, attention=attention) for on_device in (False, True))
+    k = want.scores.shape[0] // (2 * want.count.numel())
+    slots = want.count.numel() * k
+    assert torch.equal(got.count, want.count) and torch.equal(got.done, want.done) and int(want.count.sum()) > 0
+    assert torch.equal(got.lengths[:slots], want.lengths[:slots]) and torch.equal(got.scores[:slots], want.scores[:slots])
+    for slot in range(slots):
+        if slot % k < int(want.count[slot // k]):
+            n = int(want.lengths[slot])
+            assert torch.equal(got.tokens[slot, :n], want.tokens[slot, :n])
+            assert torch.equal(got.pos_scores[slot, :n], want.pos_scores[slot, :n])
+            if attention:
+                assert torch.equal(got.attn[slot, :, :n], want.attn[slot, :, :n])
+
+
+def test_a_device_step_is_checked_and_left_to_the_reference():
+    B, k, V, L = 2, 2, 7, 5
+    logits, prev = torch.randn(B * k, V), torch.zeros(B * k)
+    with pytest.raises(ValueError, match=r"a tensor step must be a \(1,\) int64 tensor"):
+        ck.beam_candidates(logits, prev, beam=k, step=torch.tensor([1, 2]), max_len=L)
+    with pytest.raises(ValueError, match="prev_scores"):
+        ck.beam_candidates(logits, None, beam=k, step=torch.tensor([1]), max_len=L)
+    step = torch.tensor([1])
+    reasons = ck.backend_reasons("cpp", "beam_candidates", logits.device, logits, prev, beam=k, step=step,
+                                 max_len=L)
+    assert any("takes an int step" in r for r in reasons)
+    with ck.count_dispatches() as counts:
+        cands = ck.beam_candidates(logits, prev, beam=k, step=step, max_len=L)
+    assert counts[("beam_candidates", "reference")] == 1
+    tokens, scores = torch.full((B * k, L + 1), 1), torch.zeros(B * k, L + 1)  # tokens one column short
+    f = ck.FinishedHypotheses.empty(B, k, L)
+    with pytest.raises(ValueError, match="a tensor step needs whole buffers"):
+        ck.beam_update(cands, step, tokens, scores, torch.zeros(B, k, dtype=torch.bool), torch.arange(B), f,
+                       at_max_len=step == L)

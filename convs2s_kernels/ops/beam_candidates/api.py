@@ -8,6 +8,7 @@ import torch
 
 from ..._checks import check_shape, check_tensor
 from ...dispatch import resolve
+from ..device_step import check_step, is_device_step
 from .reference import BeamCandidates
 
 __all__ = ["BeamCandidates", "beam_candidates", "beam_candidates_tensors"]
@@ -18,8 +19,9 @@ def beam_candidates_tensors(logits, prev_scores=None, **kwargs):
     return logits, prev_scores
 
 
-def _check_options(V: int, beam: int, step: int, max_len: int, min_len: int, specials: dict) -> None:
-    for name, value in (("step", step), ("max_len", max_len), ("min_len", min_len)):
+def _check_options(V: int, beam: int, step, max_len: int, min_len: int, specials: dict, device) -> None:
+    check_step(step, device)
+    for name, value in (("max_len", max_len), ("min_len", min_len)):
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     if not isinstance(beam, int) or beam < 1:
@@ -27,7 +29,7 @@ def _check_options(V: int, beam: int, step: int, max_len: int, min_len: int, spe
     for name, token in specials.items():
         if not 0 <= token < V:
             raise ValueError(f"{name} = {token} is not a token of the {V}-word vocabulary")
-    if (1 if step == 0 else beam) * V - 1 < 1:
+    if (1 if not is_device_step(step) and step == 0 else beam) * V - 1 < 1:
         raise ValueError(f"a {V}-word vocabulary leaves no candidate at beam {beam}")
 
 
@@ -49,8 +51,10 @@ def beam_candidates(logits: torch.Tensor, prev_scores: Optional[torch.Tensor], *
     ``min_len`` or before it), plus each row's running score ``prev_scores``, and every sentence's
     ``C = 2 * beam`` best continuations over its beams, best first.
 
-    ``logits (N, V)`` with ``N = B * beam`` rows (a sentence's beams adjacent), ``prev_scores
-    (N,)`` (None or ignored at step 0, where only a sentence's first beam is live), ``forced_len
+    ``logits (N, V)`` with ``N = B * beam`` rows (a sentence's beams adjacent), ``step`` an int or
+    a (1,) int64 tensor on their device (a step counted by the device, for a recorded search step:
+    never 0), ``prev_scores (N,)`` (None or ignored at step 0, where only a sentence's first beam
+    is live), ``forced_len
     (N,)`` int64, ``ignore (B, beam)`` bool (fairseq's ``cands_to_ignore``) ->
     :class:`BeamCandidates` ``(scores, tokens, beams, eos_mask)``, each ``(B, C)``. Equal scores
     rank in no guaranteed order (the cpp backend: the lower beam, then the lower token). See
@@ -58,12 +62,13 @@ def beam_candidates(logits: torch.Tensor, prev_scores: Optional[torch.Tensor], *
     """
     check_tensor("logits", logits, 2)
     N, V = logits.shape
-    _check_options(V, beam, step, max_len, min_len, dict(pad=pad, eos=eos, unk=unk))
+    _check_options(V, beam, step, max_len, min_len, dict(pad=pad, eos=eos, unk=unk), logits.device)
     if N % beam:
         raise ValueError(f"logits has {N} rows, not a whole number of sentences x beam {beam}")
-    if step > 0 and prev_scores is None:
+    first = not is_device_step(step) and step == 0
+    if not first and prev_scores is None:
         raise ValueError("prev_scores (N,) is needed after step 0")
-    _check_row_tensor("prev_scores", prev_scores if step > 0 else None, N, logits.device, True)
+    _check_row_tensor("prev_scores", None if first else prev_scores, N, logits.device, True)
     _check_row_tensor("forced_len", forced_len, N, logits.device, False)
     if forced_len is not None and forced_len.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"forced_len must be int32 or int64, got {forced_len.dtype}")

@@ -8,10 +8,15 @@ import torch
 
 from ...dispatch import Capability, register
 from ...extension import native
+from ..device_step import is_device_step
 from .api import beam_candidates_tensors
 from .reference import BeamCandidates
 
-CAPABILITY = Capability(dtypes={"cpu": (torch.float32, torch.bfloat16)}, backward=False)
+def _int_step(logits, prev_scores=None, *, step, **kwargs):
+    return ["cpp beam_candidates takes an int step, not a tensor"] if is_device_step(step) else []
+
+
+CAPABILITY = Capability(dtypes={"cpu": (torch.float32, torch.bfloat16)}, backward=False, extra=_int_step)
 
 
 def beam_candidates_cpp(logits, prev_scores, *, beam, step, max_len, min_len=1, unkpen=0.0, forced_len=None,

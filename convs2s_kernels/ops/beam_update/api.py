@@ -9,6 +9,7 @@ import torch
 from ..._checks import check_shape, check_tensor
 from ...dispatch import resolve
 from ..beam_candidates.reference import BeamCandidates
+from ..device_step import check_step, is_device_step
 from .reference import FinishedHypotheses
 
 __all__ = ["beam_update", "beam_update_tensors"]
@@ -19,7 +20,7 @@ def beam_update_tensors(cands, step, tokens, scores, *args, **kwargs):
     return scores, cands.scores
 
 
-def _check_buffers(cands, step: int, tokens, scores, ignore, sent_ids, finished, attn) -> None:
+def _check_buffers(cands, step, tokens, scores, ignore, sent_ids, finished, attn) -> None:
     if not isinstance(cands, BeamCandidates):
         raise TypeError(f"cands must be a convs2s_kernels.BeamCandidates, got {type(cands).__name__}")
     if not isinstance(finished, FinishedHypotheses):
@@ -33,7 +34,15 @@ def _check_buffers(cands, step: int, tokens, scores, ignore, sent_ids, finished,
     check_shape("tokens", tokens, (B * k, None), "(B * beam, L + 2)")
     check_tensor("scores", scores, 2)
     check_shape("scores", scores, (B * k, None), "(B * beam, L + 1)")
-    if not 0 <= step or tokens.shape[1] < step + 2 or scores.shape[1] < step + 1 or finished.tokens.shape[1] < step + 1:
+    check_step(step, tokens.device)
+    if is_device_step(step):
+        # its value is not read: the buffers must hold every step (tokens L + 2, scores and finished L + 1)
+        width = scores.shape[1]
+        if tokens.shape[1] != width + 1 or finished.tokens.shape[1] != width:
+            raise ValueError(f"a tensor step needs whole buffers: tokens (N, L + 2), scores (N, L + 1), finished "
+                             f"(., L + 1); got tokens {tuple(tokens.shape)}, scores {tuple(scores.shape)}, finished "
+                             f"{tuple(finished.tokens.shape)}")
+    elif tokens.shape[1] < step + 2 or scores.shape[1] < step + 1 or finished.tokens.shape[1] < step + 1:
         raise ValueError(f"step {step} does not fit the buffers (tokens {tuple(tokens.shape)}, "
                          f"scores {tuple(scores.shape)}, finished {tuple(finished.tokens.shape)})")
     check_tensor("sent_ids", sent_ids, 1, floating=False)

@@ -10,13 +10,15 @@ import torch
 
 from ...dispatch import Capability, register
 from ...extension import native
+from ..device_step import is_device_step
 from .api import beam_update_tensors
 
 
 def _layouts(cands, step, tokens, scores, ignore, sent_ids, finished, **kwargs) -> List[str]:
     want = [("cands.scores", cands.scores, torch.float32), ("scores", scores, torch.float32),
             ("finished.scores", finished.scores, torch.float32), ("tokens", tokens, torch.int64)]
-    return [f"cpp beam_update takes {dtype} {name}, got {t.dtype}" for name, t, dtype in want if t.dtype != dtype]
+    why = [f"cpp beam_update takes {dtype} {name}, got {t.dtype}" for name, t, dtype in want if t.dtype != dtype]
+    return why + (["cpp beam_update takes an int step, not a tensor"] if is_device_step(step) else [])
 
 
 CAPABILITY = Capability(dtypes={"cpu": (torch.float32,)}, backward=False, extra=_layouts)

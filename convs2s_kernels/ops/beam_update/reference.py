@@ -9,6 +9,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from ..beam_candidates.reference import BeamCandidates
+from ..device_step import Step, column, is_device_step, put_column
 
 __all__ = ["FinishedHypotheses", "beam_update_ref"]
 
@@ -39,10 +40,12 @@ class FinishedHypotheses(NamedTuple):
                    torch.zeros(total, src_len, max_len + 1, device=device) if src_len else None)
 
 
-def _record(f: FinishedHypotheses, step: int, sent_ids, top_eos, tokens, pos_scores, norm_scores, attn,
-            at_max_len: bool) -> None:
+def _record(f: FinishedHypotheses, step: Step, sent_ids, top_eos, tokens, pos_scores, norm_scores, attn,
+            at_max_len) -> None:
     """Keep each EOS candidate (in score order) while its sentence has fewer than ``beam``
-    hypotheses; a sentence is done with ``beam`` of them, or at ``max_len`` (fairseq's rules)."""
+    hypotheses; a sentence is done with ``beam`` of them, or at ``max_len`` (fairseq's rules).
+    A tensor ``step`` writes whole rows (past a hypothesis' length they hold what the search's
+    buffers held there, never read) and takes the length from the tensor."""
     B, k = top_eos.shape
     slots = f.count.shape[0] * k
     active = ~f.done[sent_ids]
@@ -50,12 +53,19 @@ def _record(f: FinishedHypotheses, step: int, sent_ids, top_eos, tokens, pos_sco
     keep = top_eos & (slot < k) & active.unsqueeze(1)
     scratch = torch.arange(slots, slots + B * k, device=top_eos.device).view(B, k)
     dest = torch.where(keep, sent_ids.unsqueeze(1) * k + slot, scratch).view(-1)
-    f.tokens[:, : step + 1].index_copy_(0, dest, tokens)
-    f.pos_scores[:, : step + 1].index_copy_(0, dest, pos_scores)
+    if is_device_step(step):
+        written, f_attn = (f.tokens, f.pos_scores), f.attn
+        f.lengths.index_copy_(0, dest, (step + 1).expand(dest.shape[0]))
+    else:
+        written, f_attn = (f.tokens[:, : step + 1], f.pos_scores[:, : step + 1]), None
+        f.lengths.index_fill_(0, dest, step + 1)
+        if f.attn is not None:
+            f_attn = f.attn[:, :, : step + 1]
+    written[0].index_copy_(0, dest, tokens)
+    written[1].index_copy_(0, dest, pos_scores)
     f.scores.index_copy_(0, dest, norm_scores.reshape(-1))
-    f.lengths.index_fill_(0, dest, step + 1)
-    if f.attn is not None:
-        f.attn[:, :, : step + 1].index_copy_(0, dest, attn)
+    if f_attn is not None:
+        f_attn.index_copy_(0, dest, attn)
     count = f.count[sent_ids] + keep.sum(1)
     f.count.index_copy_(0, sent_ids, count)
     newly = active & ((count >= k) | at_max_len)
@@ -77,7 +87,34 @@ def _finalize(c: BeamCandidates, step, k, tokens, scores, attn, sent_ids, f, len
             at_max_len)
 
 
-def beam_update_ref(cands: BeamCandidates, step: int, tokens: torch.Tensor, scores: torch.Tensor,
+def _finalize_at(c: BeamCandidates, step: torch.Tensor, k, tokens, scores, attn, sent_ids, f, lenpen, at_max_len,
+                 eos, offsets) -> None:
+    """:func:`_finalize` for a (1,) tensor ``step``: whole rows, the step's column by index."""
+    parents = (c.beams + offsets)[:, :k].reshape(-1)
+    eos_scores = c.scores[:, :k]
+    fin_tokens = tokens.index_select(0, parents)[:, 1:]
+    put_column(fin_tokens, step, torch.full_like(parents, eos))
+    pos = scores.index_select(0, parents)
+    put_column(pos, step, eos_scores.reshape(-1))
+    pos[:, 1:] = pos[:, 1:] - pos[:, :-1]
+    fin_attn = attn.index_select(0, parents)[:, :, 1:] if attn is not None else None
+    # (step + 1) ** lenpen in double, as Python computes it for an int step
+    norm = eos_scores / (step + 1).double().pow(lenpen).to(eos_scores.dtype)
+    _record(f, step, sent_ids, c.eos_mask[:, :k], fin_tokens, pos, norm, fin_attn, at_max_len)
+
+
+def _advance_at(step: torch.Tensor, active, parents, cands: BeamCandidates, tokens, scores, attn, B, k) -> None:
+    """The beams' advance for a (1,) tensor ``step``: whole rows gathered by parent (past the
+    step the rows are all alike), the new column by index."""
+    tokens.copy_(tokens.index_select(0, parents))
+    put_column(tokens, step + 1, torch.gather(cands.tokens, 1, active).view(-1))
+    scores.copy_(scores.index_select(0, parents))
+    put_column(scores, step, torch.gather(cands.scores, 1, active).view(-1))
+    if attn is not None:
+        attn.copy_(attn.index_select(0, parents))
+
+
+def beam_update_ref(cands: BeamCandidates, step: Step, tokens: torch.Tensor, scores: torch.Tensor,
                     ignore: torch.Tensor, sent_ids: torch.Tensor, finished: FinishedHypotheses, *, lenpen: float = 1.0,
                     at_max_len: bool = False, attn: Optional[torch.Tensor] = None,
                     eos: int = 2) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -87,18 +124,25 @@ def beam_update_ref(cands: BeamCandidates, step: int, tokens: torch.Tensor, scor
     (EOS first), ``scores (N, L+1)`` (running scores) and ``attn (N, S, L+2)``.
 
     ``ignore (B, beam)`` bool: fairseq's ``cands_to_ignore``; ``sent_ids (B,)``: each batch row's
-    sentence in ``finished``. Returns ``(parents (N,), ignore (B, beam))``: the row each new row
+    sentence in ``finished``. ``step`` is an int or a (1,) int64 tensor (a step the device counts,
+    never 0), with ``at_max_len`` then a (1,) bool tensor too: the same hypotheses, nothing read
+    on the host. Returns ``(parents (N,), ignore (B, beam))``: the row each new row
     continues (for the decoder state) and the next step's ``ignore``.
     """
     B, k = ignore.shape
     offsets = (torch.arange(B, device=tokens.device) * k).unsqueeze(1)
-    _finalize(cands, step, k, tokens, scores, attn, sent_ids, finished, lenpen, at_max_len, eos, offsets)
+    on_device = is_device_step(step)
+    (_finalize_at if on_device else _finalize)(cands, step, k, tokens, scores, attn, sent_ids, finished, lenpen,
+                                               at_max_len, eos, offsets)
     C = cands.scores.shape[1]
     blocked = cands.eos_mask.clone()
     blocked[:, :k] |= ignore
     order = blocked.long() * (2 * k) + torch.arange(C, device=tokens.device)
     new_ignore, active = torch.topk(order, k=k, dim=1, largest=False)
     parents = torch.gather(cands.beams + offsets, 1, active).view(-1)
+    if on_device:
+        _advance_at(step, active, parents, cands, tokens, scores, attn, B, k)
+        return parents, new_ignore.ge(2 * k)
     tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, parents)
     tokens.view(B, k, -1)[:, :, step + 1] = torch.gather(cands.tokens, 1, active)
     if step > 0:

@@ -1,0 +1,70 @@
+"""A whole search step recorded once and replayed (:mod:`convs2s.step_graph`): the decoder's step,
+``beam_candidates`` and ``beam_update``, with the step index a (1,) tensor the recording itself
+advances, so that a replay (on CUDA, one graph launch) is the next step, not the recorded one.
+
+Everything the step reads or writes is a buffer that stays put for the segment: the search's
+tokens, scores, attention and finished hypotheses, its ``ignore`` mask (written in place), the
+decoder state in static mode (:meth:`convs2s.decoder.DecoderState.make_static`), whose parent rows
+the step writes for the next. Sentences leaving the batch replace those buffers and end the
+segment; the search then records a new one. The first step of a batch (only a sentence's first
+beam live) runs eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import convs2s_kernels as ck
+from convs2s_kernels.ops.device_step import column, put_column
+
+from .special_tokens import EOS, PAD, UNK
+from .step_graph import StepGraph
+
+
+class RecordedSearchStep:
+    """Steps ``step, step + 1, ...`` of a :class:`convs2s.generate._BeamSearch`, recorded on its
+    current buffers (valid while they stay: :meth:`valid`)."""
+
+    def __init__(self, search, step: int):
+        state, device = search.state, search.device
+        state.make_static()
+        self.state, self.max_steps = state, search.model.decoder.max_positions
+        self.buffers = (search.tokens, search.scores, search.attn, search.cands_to_ignore, search.sent_ids)
+        self.step_t = torch.full((1,), step, dtype=torch.long, device=device)
+        forced = None if search.forced_len is None else search.forced_len[search.sent_ids].repeat_interleave(search.k)
+        # the step reads these locals, not the search (which holds this object): no reference cycle
+        fn = _step_function(search.model, state, search.options, search.k, search.max_len, search.finished,
+                            self.buffers, self.step_t, forced, search.backend)
+        self.graph = StepGraph(fn, search.recorder(device), device)
+
+    def valid(self, search) -> bool:
+        """Whether the search still decodes with the buffers this recording holds."""
+        current = (search.tokens, search.scores, search.attn, search.cands_to_ignore, search.sent_ids)
+        return self.state.static and all(a is b for a, b in zip(current, self.buffers))
+
+    def __call__(self, step: int) -> None:
+        if step >= self.max_steps:  # a replay would index past the position table
+            raise ValueError(f"step {step} is past the position table ({self.max_steps} positions)")
+        self.graph()
+        self.state.step += 1
+        self.state._parents_pending = True  # the step wrote the next step's parents
+
+
+def _step_function(model, state, options, k: int, max_len: int, finished, buffers, step_t, forced, backend):
+    tokens, scores, attn, ignore, sent_ids = buffers
+
+    def step() -> None:
+        logits, step_attn = model.decode_step(column(tokens, step_t), state, need_attn=options.need_attn)
+        if attn is not None and step_attn is not None:
+            put_column(attn, step_t + 1, step_attn)
+        cands = ck.beam_candidates(logits, column(scores, step_t - 1), beam=k, step=step_t, max_len=max_len,
+                                   min_len=options.min_len, unkpen=options.unkpen, forced_len=forced, ignore=ignore,
+                                   pad=PAD, eos=EOS, unk=UNK, backend=backend)
+        parents, new_ignore = ck.beam_update(cands, step_t, tokens, scores, ignore, sent_ids, finished,
+                                             lenpen=options.lenpen, at_max_len=step_t == max_len, attn=attn, eos=EOS,
+                                             backend=backend)
+        ignore.copy_(new_ignore)
+        state.parents.copy_(parents)
+        step_t.add_(1)
+
+    return step
