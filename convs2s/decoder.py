@@ -113,8 +113,9 @@ class DecoderState:
         count is advanced by :meth:`static_step_done`, so that a replayed step reads its
         changing inputs from memory rather than from Python values it was recorded with.
         Sentences leaving (:meth:`reorder` with ``sentence_index``) end static mode. A static
-        state is stepped by :class:`convs2s.step_graph.RecordedDecodeStep`; a direct
-        ``decode_step`` on it needs :meth:`static_step_ready` before and :meth:`static_step_done` after."""
+        state is stepped by :class:`convs2s.recorded_search.RecordedSearchStep` (which writes the
+        parents itself); a ``decode_step`` on it otherwise needs :meth:`static_step_ready` before
+        and :meth:`static_step_done` after."""
         if self.static:
             return
         if self.pending_index is not None:
@@ -131,9 +132,10 @@ class DecoderState:
         if not self._parents_pending:
             torch.arange(self.num_rows, out=self.parents)
 
-    def static_step_done(self) -> None:
-        """After a static step (run, recorded or replayed): its parents are applied, one step more."""
-        self._parents_pending = False
+    def static_step_done(self, parents_written: bool = False) -> None:
+        """After a static step (run, recorded or replayed): its parents are applied, one step more;
+        ``parents_written``: the step wrote the next step's parents into the buffer itself."""
+        self._parents_pending = parents_written
         self.step += 1
 
     def _leave_static(self) -> None:

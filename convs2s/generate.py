@@ -141,9 +141,10 @@ def generate(
     ``search_backend`` is the backend request of the search step's ops
     (:func:`convs2s_kernels.beam_candidates`, :func:`convs2s_kernels.beam_update`); None: the model's.
 
-    ``cuda_graph`` (:func:`convs2s.step_graph.recorder_factory`): ``None`` records the decoder's
-    step as a CUDA graph on CUDA and replays it; ``False`` decodes eagerly; ``"record-ops"`` holds
-    the step to a graph's contract on any device (the CPU tests).
+    ``cuda_graph`` (:func:`convs2s.step_graph.recorder_factory`): ``None`` records every step after
+    a batch's first (the decoder's and the search's, :mod:`convs2s.recorded_search`) as a CUDA graph
+    on CUDA and replays it; ``False`` decodes eagerly; ``"record-ops"`` holds the step to a graph's
+    contract on any device (the CPU tests).
     """
     _check_search_options(beam, nbest, min_len, max_len_a, max_len_b, search_backend)
     recorder_factory(cuda_graph, next(model.parameters()).device)  # validates the choice before any work

@@ -88,7 +88,7 @@ class ConvS2SModel(nn.Module):
         return self.decoder.forward_step(tokens, state, need_attn=need_attn, backend=self.backend)
 
     def warmup(self, *, max_source_length: int, beam: int = 5, fold_attention: bool = False, **generate_options):
-        """Tune and compile what decoding will call before anything is timed: a two-step
+        """Tune, compile and record what decoding will call before anything is timed: a three-step
         :func:`convs2s.generate` per autotune bucket and Triton specialisation of source lengths up
         to ``max_source_length`` (EOS included) and of rows (:func:`convs2s_kernels.warmup`), where
         Triton runs (CUDA, or a backend naming it); elsewhere one sentence of that length. Returns the
@@ -101,12 +101,13 @@ class ConvS2SModel(nn.Module):
             raise ValueError(f"max_source_length must lie in [1, {limit}] (EOS included), got {max_source_length}")
         fixed = {"max_len_b", "max_len_a", "forced_length", "batch_size", "step_hook"} & set(generate_options)
         if fixed:
-            raise ValueError(f"warmup decodes two steps per sentence itself; drop {', '.join(sorted(fixed))}")
+            raise ValueError(f"warmup decodes three steps per sentence itself; drop {', '.join(sorted(fixed))}")
         word = min(NUM_SPECIALS, self.src_vocab_size - 1)  # any ordinary source word
         device = next(self.parameters()).device
 
         def run(S: int, sentences: int) -> None:
-            generate(self, [[word] * (S - 1)] * sentences, beam=beam, max_len_b=1, fold_attention=fold_attention,
+            # three steps: the first (eager), a recorded step's warm-up, its recording
+            generate(self, [[word] * (S - 1)] * sentences, beam=beam, max_len_b=2, fold_attention=fold_attention,
                      **generate_options)
 
         if device.type != "cuda" and "triton" not in (self.backend or ""):

@@ -30,6 +30,7 @@ class RecordedSearchStep:
         state.make_static()
         self.state, self.max_steps = state, search.model.decoder.max_positions
         self.buffers = (search.tokens, search.scores, search.attn, search.cands_to_ignore, search.sent_ids)
+        self.state_buffers = (state.position, state.parents, *state.conv_states)
         self.step_t = torch.full((1,), step, dtype=torch.long, device=device)
         forced = None if search.forced_len is None else search.forced_len[search.sent_ids].repeat_interleave(search.k)
         # the step reads these locals, not the search (which holds this object): no reference cycle
@@ -40,14 +41,17 @@ class RecordedSearchStep:
     def valid(self, search) -> bool:
         """Whether the search still decodes with the buffers this recording holds."""
         current = (search.tokens, search.scores, search.attn, search.cands_to_ignore, search.sent_ids)
-        return self.state.static and all(a is b for a, b in zip(current, self.buffers))
+        state = (self.state.position, self.state.parents, *self.state.conv_states)
+        return self.state.static and all(a is b for a, b in zip(current + state, self.buffers + self.state_buffers))
 
     def __call__(self, step: int) -> None:
+        if step != self.state.step:
+            raise ValueError(f"the recorded search is at step {self.state.step}, not {step}")
         if step >= self.max_steps:  # a replay would index past the position table
             raise ValueError(f"step {step} is past the position table ({self.max_steps} positions)")
-        self.graph()
-        self.state.step += 1
-        self.state._parents_pending = True  # the step wrote the next step's parents
+        with ck.trusted_indices():  # the search's own indices: a range check would read them on the host
+            self.graph()
+        self.state.static_step_done(parents_written=True)
 
 
 def _step_function(model, state, options, k: int, max_len: int, finished, buffers, step_t, forced, backend):

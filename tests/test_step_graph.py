@@ -8,6 +8,8 @@ on a GPU. The same n-best lists with and without recording are the proof; the GP
 end runs the real CUDA graphs.
 """
 
+import sys
+
 import pytest
 import torch
 
@@ -156,7 +158,7 @@ def test_recorded_steps_give_the_same_nbest_lists(model, replays, beam, fold_att
     assert all(len(h[0]["tokens"]) == n + 1 for h, n in zip(got, FORCED))
     # 21 steps, the first eager; done sentences leave once they are half the batch: 5 -> 2 -> 1
     # sentences, each a new recording after one eager step
-    assert replays["captures"] <= 3 and replays["replays"] >= 21 - 1 - 2 * 3
+    assert replays["captures"] == 3 and replays["replays"] >= 21 - 1 - 2 * 3
 
 
 def test_recorded_int8_and_shortlist_steps_give_the_same_nbest_lists(model, replays):
@@ -204,25 +206,25 @@ def test_recorded_decoding_reads_nothing_back_per_step(model):
     assert counts[0][0] == counts[1][0], counts
 
 
-def test_a_recorded_step_outside_generate(model):
-    """Used on its own (no trusted_indices around it), with its argument checks."""
-    enc = model.encode(torch.tensor([[5, 6, 7, 2], [8, 9, 10, 2]]))
-    eager, static = (model.init_decoder_state(enc, 2) for _ in range(2))
-    step = step_graph.RecordedDecodeStep(model, static, False, recorder_factory("record-ops", enc.z.device))
-    for t in range(4):
-        tokens = torch.tensor([2, 5, 6, 7]) if t else torch.full((4,), 2)
-        want, _ = model.decode_step(tokens, eager)
-        got, _ = step(tokens)
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
-        parents = torch.tensor([1, 0, 3, 3])
-        eager.reorder(parents)
-        static.reorder(parents)
-    assert step.graph.calls == 4 and static.step == 4
-    with pytest.raises(ValueError, match=r"tokens must have shape \(4,\)"):
-        step(torch.tensor([2]))
-    static.step = model.decoder.max_positions
-    with pytest.raises(ValueError, match="past the position table"):
-        step(torch.full((4,), 2))
+def test_a_recorded_search_keeps_its_counters_and_checks_its_step(model):
+    """Drive the search as generate does, then look inside: the step count, the position and the
+    device's step agree after recorded segments, and a call at the wrong step is refused."""
+    gen = sys.modules["convs2s.generate"]
+    src = torch.tensor([s + [2] for s in SOURCES])
+    options = gen._SearchOptions(3, 0.0, 22, 1, 1.0, 0.0, cuda_graph="record-ops")
+    search = gen._BeamSearch(model, src, options, torch.tensor(FORCED))
+    with ck.trusted_indices():
+        for step in range(12):
+            if step > 0:
+                search.recorded_step(step)
+            else:
+                search.update(step, search.candidates(step, search.logits(step)))
+            search.leave(search.done_rows())
+    state, recorded = search.state, search.recorded
+    assert recorded.valid(search) and recorded.graph.calls >= 2 and state.static  # warmed up, recorded
+    assert state.step == 12 and int(state.position) == 1 + 12 + 1 and int(recorded.step_t) == 12
+    with pytest.raises(ValueError, match="the recorded search is at step 12, not 11"):
+        recorded(11)
 
 
 def test_a_static_state_composes_two_reorders_before_a_step(model):

@@ -160,14 +160,21 @@ def test_a_device_step_is_checked_and_left_to_the_reference():
     with pytest.raises(ValueError, match="prev_scores"):
         ck.beam_candidates(logits, None, beam=k, step=torch.tensor([1]), max_len=L)
     step = torch.tensor([1])
-    reasons = ck.backend_reasons("cpp", "beam_candidates", logits.device, logits, prev, beam=k, step=step,
-                                 max_len=L)
-    assert any("takes an int step" in r for r in reasons)
+    from convs2s_kernels.ops.beam_candidates.cpp import CAPABILITY as candidates_cpp
+    from convs2s_kernels.ops.beam_update.cpp import CAPABILITY as update_cpp
+
+    assert candidates_cpp.extra(logits, prev, beam=k, step=step, max_len=L) == \
+        ["cpp beam_candidates takes an int step, not a tensor"]
     with ck.count_dispatches() as counts:
         cands = ck.beam_candidates(logits, prev, beam=k, step=step, max_len=L)
     assert counts[("beam_candidates", "reference")] == 1
-    tokens, scores = torch.full((B * k, L + 1), 1), torch.zeros(B * k, L + 1)  # tokens one column short
-    f = ck.FinishedHypotheses.empty(B, k, L)
-    with pytest.raises(ValueError, match="a tensor step needs whole buffers"):
-        ck.beam_update(cands, step, tokens, scores, torch.zeros(B, k, dtype=torch.bool), torch.arange(B), f,
-                       at_max_len=step == L)
+    ignore, sent, f = torch.zeros(B, k, dtype=torch.bool), torch.arange(B), ck.FinishedHypotheses.empty(B, k, L, 3)
+    tokens, scores = torch.full((B * k, L + 2), 1), torch.zeros(B * k, L + 1)
+    assert "cpp beam_update takes an int step, not a tensor" in update_cpp.extra(
+        cands, step, tokens, scores, ignore, sent, f)
+    for bad_tokens, bad_attn in ((tokens[:, :-1], torch.zeros(B * k, 3, L + 2)), (tokens, torch.zeros(B * k, 3, L + 3))):
+        with pytest.raises(ValueError, match="a tensor step needs whole buffers"):
+            ck.beam_update(cands, step, bad_tokens, scores, ignore, sent, f, at_max_len=step == L, attn=bad_attn)
+    with pytest.raises(ValueError, match="at_max_len must be a one-element bool tensor"):
+        ck.beam_update(cands, step, tokens, scores, ignore, sent, f, at_max_len=False,
+                       attn=torch.zeros(B * k, 3, L + 2))

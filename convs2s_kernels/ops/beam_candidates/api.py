@@ -8,7 +8,7 @@ import torch
 
 from ..._checks import check_shape, check_tensor
 from ...dispatch import resolve
-from ..device_step import check_step, is_device_step
+from ..device_step import Step, check_step, is_device_step
 from .reference import BeamCandidates
 
 __all__ = ["BeamCandidates", "beam_candidates", "beam_candidates_tensors"]
@@ -42,7 +42,7 @@ def _check_row_tensor(name: str, t: Optional[torch.Tensor], N: int, device: torc
         raise ValueError(f"{name} is on {t.device} but logits is on {device}")
 
 
-def beam_candidates(logits: torch.Tensor, prev_scores: Optional[torch.Tensor], *, beam: int, step: int,
+def beam_candidates(logits: torch.Tensor, prev_scores: Optional[torch.Tensor], *, beam: int, step: Step,
                     max_len: int, min_len: int = 1, unkpen: float = 0.0, forced_len: Optional[torch.Tensor] = None,
                     ignore: Optional[torch.Tensor] = None, pad: int = 1, eos: int = 2, unk: int = 3,
                     backend: Optional[str] = None) -> BeamCandidates:
@@ -54,8 +54,7 @@ def beam_candidates(logits: torch.Tensor, prev_scores: Optional[torch.Tensor], *
     ``logits (N, V)`` with ``N = B * beam`` rows (a sentence's beams adjacent), ``step`` an int or
     a (1,) int64 tensor on their device (a step counted by the device, for a recorded search step:
     never 0), ``prev_scores (N,)`` (None or ignored at step 0, where only a sentence's first beam
-    is live), ``forced_len
-    (N,)`` int64, ``ignore (B, beam)`` bool (fairseq's ``cands_to_ignore``) ->
+    is live), ``forced_len (N,)`` int64, ``ignore (B, beam)`` bool (fairseq's ``cands_to_ignore``) ->
     :class:`BeamCandidates` ``(scores, tokens, beams, eos_mask)``, each ``(B, C)``. Equal scores
     rank in no guaranteed order (the cpp backend: the lower beam, then the lower token). See
     :func:`convs2s_kernels.beam_candidates_ref`.

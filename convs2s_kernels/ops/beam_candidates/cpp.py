@@ -12,6 +12,7 @@ from ..device_step import is_device_step
 from .api import beam_candidates_tensors
 from .reference import BeamCandidates
 
+
 def _int_step(logits, prev_scores=None, *, step, **kwargs):
     return ["cpp beam_candidates takes an int step, not a tensor"] if is_device_step(step) else []
 

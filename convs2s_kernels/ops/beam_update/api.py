@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 
 from ..._checks import check_shape, check_tensor
 from ...dispatch import resolve
 from ..beam_candidates.reference import BeamCandidates
-from ..device_step import check_step, is_device_step
+from ..device_step import Step, check_step, is_device_step
 from .reference import FinishedHypotheses
 
 __all__ = ["beam_update", "beam_update_tensors"]
@@ -38,9 +38,11 @@ def _check_buffers(cands, step, tokens, scores, ignore, sent_ids, finished, attn
     if is_device_step(step):
         # its value is not read: the buffers must hold every step (tokens L + 2, scores and finished L + 1)
         width = scores.shape[1]
-        if tokens.shape[1] != width + 1 or finished.tokens.shape[1] != width:
-            raise ValueError(f"a tensor step needs whole buffers: tokens (N, L + 2), scores (N, L + 1), finished "
-                             f"(., L + 1); got tokens {tuple(tokens.shape)}, scores {tuple(scores.shape)}, finished "
+        if (tokens.shape[1] != width + 1 or finished.tokens.shape[1] != width
+                or (attn is not None and (attn.dim() != 3 or attn.shape[2] != width + 1))):
+            raise ValueError(f"a tensor step needs whole buffers: tokens (N, L + 2), scores (N, L + 1), attn "
+                             f"(N, S, L + 2), finished (., L + 1); got tokens {tuple(tokens.shape)}, scores "
+                             f"{tuple(scores.shape)}, attn {None if attn is None else tuple(attn.shape)}, finished "
                              f"{tuple(finished.tokens.shape)}")
     elif tokens.shape[1] < step + 2 or scores.shape[1] < step + 1 or finished.tokens.shape[1] < step + 1:
         raise ValueError(f"step {step} does not fit the buffers (tokens {tuple(tokens.shape)}, "
@@ -54,14 +56,19 @@ def _check_buffers(cands, step, tokens, scores, ignore, sent_ids, finished, attn
         raise ValueError("attn and finished.attn come together (both or neither)")
 
 
-def beam_update(cands: BeamCandidates, step: int, tokens: torch.Tensor, scores: torch.Tensor, ignore: torch.Tensor,
-                sent_ids: torch.Tensor, finished: FinishedHypotheses, *, lenpen: float = 1.0, at_max_len: bool = False,
+def beam_update(cands: BeamCandidates, step: Step, tokens: torch.Tensor, scores: torch.Tensor, ignore: torch.Tensor,
+                sent_ids: torch.Tensor, finished: FinishedHypotheses, *, lenpen: float = 1.0,
+                at_max_len: Union[bool, torch.Tensor] = False,
                 attn: Optional[torch.Tensor] = None, eos: int = 2,
                 backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Record the finished hypotheses among ``cands`` and advance every beam (in place on the
     search's buffers); returns ``(parents (N,), next ignore (B, beam))``. See
     :func:`convs2s_kernels.beam_update_ref` for the arguments."""
     _check_buffers(cands, step, tokens, scores, ignore, sent_ids, finished, attn)
+    if is_device_step(step) and not (isinstance(at_max_len, torch.Tensor) and at_max_len.dtype == torch.bool
+                                     and at_max_len.numel() == 1):
+        raise ValueError("with a tensor step, at_max_len must be a one-element bool tensor (e.g. step == max_len): "
+                         "a Python bool would be the recorded step's, not the replayed one's")
     args = (cands, step, tokens, scores, ignore, sent_ids, finished)
     kwargs = dict(lenpen=lenpen, at_max_len=at_max_len, attn=attn, eos=eos)
     fn = resolve("beam_update", tokens.device, backend, *args, **kwargs)

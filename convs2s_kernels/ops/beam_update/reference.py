@@ -44,8 +44,8 @@ def _record(f: FinishedHypotheses, step: Step, sent_ids, top_eos, tokens, pos_sc
             at_max_len) -> None:
     """Keep each EOS candidate (in score order) while its sentence has fewer than ``beam``
     hypotheses; a sentence is done with ``beam`` of them, or at ``max_len`` (fairseq's rules).
-    A tensor ``step`` writes whole rows (past a hypothesis' length they hold what the search's
-    buffers held there, never read) and takes the length from the tensor."""
+    A tensor ``step`` writes whole rows (past a hypothesis' length: whatever the search's buffers
+    and the score differences give there, never read) and takes the length from the tensor."""
     B, k = top_eos.shape
     slots = f.count.shape[0] * k
     active = ~f.done[sent_ids]
@@ -98,12 +98,13 @@ def _finalize_at(c: BeamCandidates, step: torch.Tensor, k, tokens, scores, attn,
     put_column(pos, step, eos_scores.reshape(-1))
     pos[:, 1:] = pos[:, 1:] - pos[:, :-1]
     fin_attn = attn.index_select(0, parents)[:, :, 1:] if attn is not None else None
-    # (step + 1) ** lenpen in double, as Python computes it for an int step
+    # (step + 1) ** lenpen in double, as Python computes it for an int step: the same scores on a
+    # CPU; on CUDA within an ulp (its eager division by a scalar multiplies by the reciprocal)
     norm = eos_scores / (step + 1).double().pow(lenpen).to(eos_scores.dtype)
     _record(f, step, sent_ids, c.eos_mask[:, :k], fin_tokens, pos, norm, fin_attn, at_max_len)
 
 
-def _advance_at(step: torch.Tensor, active, parents, cands: BeamCandidates, tokens, scores, attn, B, k) -> None:
+def _advance_at(step: torch.Tensor, active, parents, cands: BeamCandidates, tokens, scores, attn) -> None:
     """The beams' advance for a (1,) tensor ``step``: whole rows gathered by parent (past the
     step the rows are all alike), the new column by index."""
     tokens.copy_(tokens.index_select(0, parents))
@@ -141,7 +142,7 @@ def beam_update_ref(cands: BeamCandidates, step: Step, tokens: torch.Tensor, sco
     new_ignore, active = torch.topk(order, k=k, dim=1, largest=False)
     parents = torch.gather(cands.beams + offsets, 1, active).view(-1)
     if on_device:
-        _advance_at(step, active, parents, cands, tokens, scores, attn, B, k)
+        _advance_at(step, active, parents, cands, tokens, scores, attn)
         return parents, new_ignore.ge(2 * k)
     tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, parents)
     tokens.view(B, k, -1)[:, :, step + 1] = torch.gather(cands.tokens, 1, active)
