@@ -29,8 +29,7 @@ class RecordedSearchStep:
         state, device = search.state, search.device
         state.make_static()
         self.state, self.max_steps = state, search.model.decoder.max_positions
-        self.buffers = (search.tokens, search.scores, search.attn, search.cands_to_ignore, search.sent_ids)
-        self.state_buffers = (state.position, state.parents, *state.conv_states)
+        self.buffers = _buffers(search)
         self.step_t = torch.full((1,), step, dtype=torch.long, device=device)
         forced = None if search.forced_len is None else search.forced_len[search.sent_ids].repeat_interleave(search.k)
         # the step reads these locals, not the search (which holds this object): no reference cycle
@@ -40,9 +39,7 @@ class RecordedSearchStep:
 
     def valid(self, search) -> bool:
         """Whether the search still decodes with the buffers this recording holds."""
-        current = (search.tokens, search.scores, search.attn, search.cands_to_ignore, search.sent_ids)
-        state = (self.state.position, self.state.parents, *self.state.conv_states)
-        return self.state.static and all(a is b for a, b in zip(current + state, self.buffers + self.state_buffers))
+        return self.state.static and all(a is b for a, b in zip(_buffers(search), self.buffers))
 
     def __call__(self, step: int) -> None:
         if step != self.state.step:
@@ -54,8 +51,17 @@ class RecordedSearchStep:
         self.state.static_step_done(parents_written=True)
 
 
+def _buffers(search) -> tuple:
+    """Every tensor a recorded step reads or writes in place: the search's tokens, scores,
+    attention, ignore mask and sentence ids, then the static state's position, parents and conv
+    states."""
+    state = search.state
+    return (search.tokens, search.scores, search.attn, search.cands_to_ignore, search.sent_ids, state.position,
+            state.parents, *state.conv_states)
+
+
 def _step_function(model, state, options, k: int, max_len: int, finished, buffers, step_t, forced, backend):
-    tokens, scores, attn, ignore, sent_ids = buffers
+    tokens, scores, attn, ignore, sent_ids, *_ = buffers  # (the state is read through `state`)
 
     def step() -> None:
         logits, step_attn = model.decode_step(column(tokens, step_t), state, need_attn=options.need_attn)

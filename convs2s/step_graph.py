@@ -181,7 +181,7 @@ class StepGraph:
 MODES = (None, False, True, "record-ops")
 
 
-def recorder_factory(mode, device: torch.device) -> Optional[Callable[[], object]]:
+def recorder_factory(mode, device: torch.device) -> Optional[Callable[[torch.device], object]]:
     """What records decoding steps for ``generate(cuda_graph=mode)`` on ``device`` (called with the
     device, it gives a recorder), or None (eager).
 

@@ -90,12 +90,17 @@ std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tenso
   const at::Tensor flat = window.view({rows, k * c_in});
   const at::Tensor w2 = weight.view({k * c_in, c2});
   const at::Tensor pre = measured_product(flat, w2, bias, /*w_is_nk=*/false);
+  return {glu_rows(pre), window.narrow(1, 1, k - 1)};
+}
 
-  at::Tensor out = new_output({rows, c2 / 2}, window.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, window.scalar_type(), "conv_step_glu", [&] {
-    glu_epilogue<scalar_t>(pre.data_ptr<scalar_t>(), nullptr, 1.0, rows, c2 / 2, out.data_ptr<scalar_t>());
+at::Tensor glu_rows(const at::Tensor& pre_in) {
+  const at::Tensor pre = pre_in.contiguous();
+  const int64_t rows = pre.size(0), c = pre.size(1) / 2;
+  at::Tensor out = new_output({rows, c}, pre.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, pre.scalar_type(), "conv_step_glu", [&] {
+    glu_epilogue<scalar_t>(pre.data_ptr<scalar_t>(), nullptr, 1.0, rows, c, out.data_ptr<scalar_t>());
   });
-  return {out, window.narrow(1, 1, k - 1)};
+  return out;
 }
 
 }  // namespace convs2s

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "common.h"
-#include "glu.h"
 #include "kernels.h"
 #include "small_gemm.h"
 
@@ -47,12 +46,9 @@ std::pair<at::Tensor, at::Tensor> conv_step(const at::Tensor& x, const at::Tenso
   }
   const at::Tensor window = conv_window(x, state, parents);
   const at::Tensor pre = linear(window.view({window.size(0), -1}), w, scale, bias, int8_x, packed);
-  if (pre.scalar_type() != at::kFloat) return {at::glu(pre, -1), window.slice(1, 1)};
-  // float32 rows: the conv kernels' GLU pass (one loop, no dispatch) instead of ATen's
-  const int64_t rows = pre.size(0), c = pre.size(1) / 2;
-  at::Tensor out = at::empty({rows, c}, pre.options());
-  glu_epilogue<float>(pre.contiguous().data_ptr<float>(), nullptr, 1.0, rows, c, out.data_ptr<float>());
-  return {out, window.slice(1, 1)};
+  // float32 rows: the conv kernels' GLU pass (one loop, no dispatch) instead of ATen's; bf16 keeps
+  // ATen's, whose rounding the Python loop shares (the one-call step equals it exactly there)
+  return {pre.scalar_type() == at::kFloat ? glu_rows(pre) : at::glu(pre, -1), window.slice(1, 1)};
 }
 
 // One layer's folded attention for float32 activations (convs2s.decoder.FoldedAttention.step),

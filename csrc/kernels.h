@@ -33,6 +33,8 @@ std::vector<at::Tensor> beam_update(const at::Tensor& cand_scores, const at::Ten
 // The conv step's input window (N, k, C_in): state rows gathered by beam_index (or in order),
 // shifted, x_t appended; the new state is its last k - 1 steps.
 at::Tensor conv_window(const at::Tensor& x_t, const at::Tensor& state, const c10::optional<at::Tensor>& beam_index);
+// GLU of (rows, 2C) products into (rows, C): the conv kernels' epilogue, one pass.
+at::Tensor glu_rows(const at::Tensor& pre);
 std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
                                           const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                           const c10::optional<at::Tensor>& beam_index);

@@ -16,6 +16,17 @@ def is_device_step(step) -> bool:
     return isinstance(step, torch.Tensor)
 
 
+def is_first_step(step) -> bool:
+    """Step 0 (only a sentence's first beam live); a tensor step never is."""
+    return not is_device_step(step) and step == 0
+
+
+def written(t: torch.Tensor, step: Step, past: int) -> torch.Tensor:
+    """The columns of ``t`` a search has written by ``step``: ``t[..., :step + past]``; all of them
+    for a tensor step (its value is not read; past it the search's rows are all alike)."""
+    return t if is_device_step(step) else t[..., : step + past]
+
+
 def check_step(step, device: torch.device) -> None:
     """A non-negative int, or a (1,) int64 tensor on ``device`` (never 0: its value is not read,
     and the first step's rule, only a sentence's first beam live, needs to know it is the first)."""
@@ -32,6 +43,9 @@ def column(t: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
     return t.index_select(-1, col).squeeze(-1)
 
 
-def put_column(t: torch.Tensor, col: torch.Tensor, values: torch.Tensor) -> None:
-    """``t[..., col] = values`` in place, for a (1,) index tensor."""
-    t.index_copy_(t.dim() - 1, col, values.unsqueeze(-1).to(t.dtype))
+def put_column(t: torch.Tensor, col: Step, values: torch.Tensor) -> None:
+    """``t[..., col] = values`` in place, ``col`` an int or a (1,) index tensor."""
+    if is_device_step(col):
+        t.index_copy_(t.dim() - 1, col, values.unsqueeze(-1).to(t.dtype))
+    else:
+        t[..., col] = values

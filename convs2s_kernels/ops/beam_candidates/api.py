@@ -8,7 +8,7 @@ import torch
 
 from ..._checks import check_shape, check_tensor
 from ...dispatch import resolve
-from ..device_step import Step, check_step, is_device_step
+from ..device_step import Step, check_step, is_first_step
 from .reference import BeamCandidates
 
 __all__ = ["BeamCandidates", "beam_candidates", "beam_candidates_tensors"]
@@ -29,7 +29,7 @@ def _check_options(V: int, beam: int, step, max_len: int, min_len: int, specials
     for name, token in specials.items():
         if not 0 <= token < V:
             raise ValueError(f"{name} = {token} is not a token of the {V}-word vocabulary")
-    if (1 if not is_device_step(step) and step == 0 else beam) * V - 1 < 1:
+    if (1 if is_first_step(step) else beam) * V - 1 < 1:
         raise ValueError(f"a {V}-word vocabulary leaves no candidate at beam {beam}")
 
 
@@ -64,7 +64,7 @@ def beam_candidates(logits: torch.Tensor, prev_scores: Optional[torch.Tensor], *
     _check_options(V, beam, step, max_len, min_len, dict(pad=pad, eos=eos, unk=unk), logits.device)
     if N % beam:
         raise ValueError(f"logits has {N} rows, not a whole number of sentences x beam {beam}")
-    first = not is_device_step(step) and step == 0
+    first = is_first_step(step)
     if not first and prev_scores is None:
         raise ValueError("prev_scores (N,) is needed after step 0")
     _check_row_tensor("prev_scores", None if first else prev_scores, N, logits.device, True)

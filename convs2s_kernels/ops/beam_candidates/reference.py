@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..device_step import Step, is_device_step
+from ..device_step import Step, is_device_step, is_first_step
 
 __all__ = ["BeamCandidates", "search_rules_ref", "beam_candidates_ref"]
 
@@ -88,7 +88,7 @@ def beam_candidates_ref(logits: torch.Tensor, prev_scores: Optional[torch.Tensor
     lprobs = torch.log_softmax(logits.float(), dim=-1)
     search_rules_ref(lprobs, step, max_len, min_len, unkpen, forced_len=forced_len, pad=pad, eos=eos, unk=unk)
     lp = lprobs.view(B, beam, V)
-    if not is_device_step(step) and step == 0:
+    if is_first_step(step):
         lp = lp[:, :1, :]
     else:  # in place: lprobs is this call's own buffer
         lp.add_(prev_scores.reshape(B, beam, 1).to(lp.dtype))

@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from ..beam_candidates.reference import BeamCandidates
-from ..device_step import Step, column, is_device_step, put_column
+from ..device_step import Step, is_device_step, put_column, written
 
 __all__ = ["FinishedHypotheses", "beam_update_ref"]
 
@@ -53,66 +53,51 @@ def _record(f: FinishedHypotheses, step: Step, sent_ids, top_eos, tokens, pos_sc
     keep = top_eos & (slot < k) & active.unsqueeze(1)
     scratch = torch.arange(slots, slots + B * k, device=top_eos.device).view(B, k)
     dest = torch.where(keep, sent_ids.unsqueeze(1) * k + slot, scratch).view(-1)
+    written(f.tokens, step, 1).index_copy_(0, dest, tokens)
+    written(f.pos_scores, step, 1).index_copy_(0, dest, pos_scores)
+    f.scores.index_copy_(0, dest, norm_scores.reshape(-1))
     if is_device_step(step):
-        written, f_attn = (f.tokens, f.pos_scores), f.attn
         f.lengths.index_copy_(0, dest, (step + 1).expand(dest.shape[0]))
     else:
-        written, f_attn = (f.tokens[:, : step + 1], f.pos_scores[:, : step + 1]), None
         f.lengths.index_fill_(0, dest, step + 1)
-        if f.attn is not None:
-            f_attn = f.attn[:, :, : step + 1]
-    written[0].index_copy_(0, dest, tokens)
-    written[1].index_copy_(0, dest, pos_scores)
-    f.scores.index_copy_(0, dest, norm_scores.reshape(-1))
-    if f_attn is not None:
-        f_attn.index_copy_(0, dest, attn)
+    if f.attn is not None:
+        written(f.attn, step, 1).index_copy_(0, dest, attn)
     count = f.count[sent_ids] + keep.sum(1)
     f.count.index_copy_(0, sent_ids, count)
     newly = active & ((count >= k) | at_max_len)
     f.done.index_copy_(0, sent_ids, f.done[sent_ids] | newly)
 
 
-def _finalize(c: BeamCandidates, step, k, tokens, scores, attn, sent_ids, f, lenpen, at_max_len, eos,
+def _finalize(c: BeamCandidates, step: Step, k, tokens, scores, attn, sent_ids, f, lenpen, at_max_len, eos,
               offsets) -> None:
-    """The EOS candidates among each sentence's best ``k``, with their parents' prefixes."""
+    """The EOS candidates among each sentence's best ``k``, with their parents' prefixes (a
+    tensor ``step``: whole rows, the step's column by index)."""
     parents = (c.beams + offsets)[:, :k].reshape(-1)
     eos_scores = c.scores[:, :k]
-    fin_tokens = tokens.index_select(0, parents)[:, 1 : step + 2].clone()
-    fin_tokens[:, step] = eos
-    pos = scores.index_select(0, parents)[:, : step + 1].clone()
-    pos[:, step] = eos_scores.reshape(-1)
-    pos[:, 1:] = pos[:, 1:] - pos[:, :-1]
-    fin_attn = attn.index_select(0, parents)[:, :, 1 : step + 2] if attn is not None else None
-    _record(f, step, sent_ids, c.eos_mask[:, :k], fin_tokens, pos, eos_scores / (step + 1) ** lenpen, fin_attn,
-            at_max_len)
-
-
-def _finalize_at(c: BeamCandidates, step: torch.Tensor, k, tokens, scores, attn, sent_ids, f, lenpen, at_max_len,
-                 eos, offsets) -> None:
-    """:func:`_finalize` for a (1,) tensor ``step``: whole rows, the step's column by index."""
-    parents = (c.beams + offsets)[:, :k].reshape(-1)
-    eos_scores = c.scores[:, :k]
-    fin_tokens = tokens.index_select(0, parents)[:, 1:]
+    fin_tokens = written(tokens.index_select(0, parents)[:, 1:], step, 1)
     put_column(fin_tokens, step, torch.full_like(parents, eos))
-    pos = scores.index_select(0, parents)
+    pos = written(scores.index_select(0, parents), step, 1)
     put_column(pos, step, eos_scores.reshape(-1))
     pos[:, 1:] = pos[:, 1:] - pos[:, :-1]
-    fin_attn = attn.index_select(0, parents)[:, :, 1:] if attn is not None else None
-    # (step + 1) ** lenpen in double, as Python computes it for an int step: the same scores on a
-    # CPU; on CUDA within an ulp (its eager division by a scalar multiplies by the reciprocal)
-    norm = eos_scores / (step + 1).double().pow(lenpen).to(eos_scores.dtype)
+    fin_attn = written(attn.index_select(0, parents)[:, :, 1:], step, 1) if attn is not None else None
+    if is_device_step(step):
+        # (step + 1) ** lenpen in double, as Python computes it for an int step: the same scores on a
+        # CPU; on CUDA within an ulp (its eager division by a scalar multiplies by the reciprocal)
+        norm = eos_scores / (step + 1).double().pow(lenpen).to(eos_scores.dtype)
+    else:
+        norm = eos_scores / (step + 1) ** lenpen
     _record(f, step, sent_ids, c.eos_mask[:, :k], fin_tokens, pos, norm, fin_attn, at_max_len)
 
 
-def _advance_at(step: torch.Tensor, active, parents, cands: BeamCandidates, tokens, scores, attn) -> None:
-    """The beams' advance for a (1,) tensor ``step``: whole rows gathered by parent (past the
-    step the rows are all alike), the new column by index."""
-    tokens.copy_(tokens.index_select(0, parents))
+def _advance(step: Step, active, parents, cands: BeamCandidates, tokens, scores, attn) -> None:
+    """Every beam to its chosen candidate: the written prefixes gathered by parent, the new
+    token and running score appended (a tensor ``step``: whole rows, the column by index)."""
+    for t, past in ((tokens, 1), (scores, 0), (attn, 2)):
+        if t is not None:
+            prefix = written(t, step, past)
+            prefix.copy_(prefix.index_select(0, parents))
     put_column(tokens, step + 1, torch.gather(cands.tokens, 1, active).view(-1))
-    scores.copy_(scores.index_select(0, parents))
     put_column(scores, step, torch.gather(cands.scores, 1, active).view(-1))
-    if attn is not None:
-        attn.copy_(attn.index_select(0, parents))
 
 
 def beam_update_ref(cands: BeamCandidates, step: Step, tokens: torch.Tensor, scores: torch.Tensor,
@@ -132,23 +117,12 @@ def beam_update_ref(cands: BeamCandidates, step: Step, tokens: torch.Tensor, sco
     """
     B, k = ignore.shape
     offsets = (torch.arange(B, device=tokens.device) * k).unsqueeze(1)
-    on_device = is_device_step(step)
-    (_finalize_at if on_device else _finalize)(cands, step, k, tokens, scores, attn, sent_ids, finished, lenpen,
-                                               at_max_len, eos, offsets)
+    _finalize(cands, step, k, tokens, scores, attn, sent_ids, finished, lenpen, at_max_len, eos, offsets)
     C = cands.scores.shape[1]
     blocked = cands.eos_mask.clone()
     blocked[:, :k] |= ignore
     order = blocked.long() * (2 * k) + torch.arange(C, device=tokens.device)
     new_ignore, active = torch.topk(order, k=k, dim=1, largest=False)
     parents = torch.gather(cands.beams + offsets, 1, active).view(-1)
-    if on_device:
-        _advance_at(step, active, parents, cands, tokens, scores, attn)
-        return parents, new_ignore.ge(2 * k)
-    tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, parents)
-    tokens.view(B, k, -1)[:, :, step + 1] = torch.gather(cands.tokens, 1, active)
-    if step > 0:
-        scores[:, :step] = scores[:, :step].index_select(0, parents)
-    scores.view(B, k, -1)[:, :, step] = torch.gather(cands.scores, 1, active)
-    if attn is not None:
-        attn[:, :, : step + 2] = attn[:, :, : step + 2].index_select(0, parents)
+    _advance(step, active, parents, cands, tokens, scores, attn)
     return parents, new_ignore.ge(2 * k)
