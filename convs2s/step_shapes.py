@@ -9,14 +9,23 @@ from typing import List
 import torch
 import torch.nn as nn
 
-from convs2s_kernels.tune import Shape
+from convs2s_kernels.tune import Shape, stream_mb
 
 from .layers import ConvTBCWeight, WeightNormed
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
-def _shape(module: nn.Module) -> List[Shape]:
+def _weight_bytes(module: nn.Module) -> int:
+    """The bytes of ``module``'s weight that a step reads (int8 when quantised)."""
+    if isinstance(module, WeightNormed):
+        K = module.kernel_width * module.in_channels if isinstance(module, ConvTBCWeight) else module.in_features
+        N = module.out_channels if isinstance(module, ConvTBCWeight) else module.out_features
+        return K * N * (1 if module.use_int8 else module.bias.element_size())
+    return module.weight.numel() * module.weight.element_size()
+
+
+def _shape(module: nn.Module, stream: int) -> List[Shape]:
     """A conv weight is (K, N) = (k * C_in, 2C) for float steps; int8 ones are quantised per
     output row, (N, K); Linear weights are (N, K) either way. With int8 activations there is no
     choice to measure."""
@@ -29,9 +38,9 @@ def _shape(module: nn.Module) -> List[Shape]:
     if isinstance(module, WeightNormed) and module.use_int8:
         # int8 activations run linear_w8a8, whose kernel follows thresholds measured once per kernel
         # (csrc/linear_w8a8_cpu.cpp: AMX from 2 rows on a packed weight, ...): nothing for the tuner
-        return [] if module.int8_activations else [Shape("nk", "int8", K, N)]
+        return [] if module.int8_activations else [Shape("nk", "int8", K, N, stream)]
     dtype = _DTYPES.get(module.bias.dtype)
-    return [] if dtype is None else [Shape(form, dtype, K, N)]  # float64: the kernels do not take it
+    return [] if dtype is None else [Shape(form, dtype, K, N, stream)]  # float64: the kernels do not take it
 
 
 def step_weight_modules(decoder: nn.Module) -> List[nn.Module]:
@@ -42,5 +51,8 @@ def step_weight_modules(decoder: nn.Module) -> List[nn.Module]:
 
 
 def step_weight_shapes(decoder: nn.Module) -> List[Shape]:
-    """The shapes of :func:`step_weight_modules` that run the kernels, in order (no repeats)."""
-    return list(dict.fromkeys(s for m in step_weight_modules(decoder) for s in _shape(m)))
+    """The shapes of :func:`step_weight_modules` that run the kernels, in order (no repeats), each
+    to be timed as cold as the step leaves it: after the step's whole weight set (stream_mb)."""
+    modules = step_weight_modules(decoder)
+    stream = stream_mb(sum(_weight_bytes(m) for m in modules))
+    return list(dict.fromkeys(s for m in modules for s in _shape(m, stream)))

@@ -1,8 +1,11 @@
 """Kernel choice by measurement: for each weight shape a decoding step multiplies, at which row
 counts the few-row streaming kernels (``csrc/small_gemm.cpp``) beat ATen's GEMM (MKL / oneDNN).
 
-Both candidates are timed side by side, interleaved, at row buckets 1..64; each bucket takes its
-winner, and a row count between buckets takes the kernel only when both neighbours chose it, so
+Both candidates are timed side by side, interleaved, at row buckets 1..64, on weights as cold as a
+decoding step finds them: a step reads its whole weight set between two uses of one weight, so a
+shape carries that set's size (``stream_mb``) and each call takes the next of enough copies to
+fill it. (Timed on one weight kept hot in cache, the GEMM won from 8 rows on shapes where, in
+the step, the kernels were 4-11% faster up to 16 rows.) Each bucket takes its winner, and a row count between buckets takes the kernel only when both neighbours chose it, so
 the cpp backend never runs a kernel measured slower than the GEMM the reference composition
 calls. Choices are measured once per machine (:mod:`convs2s_kernels.tune_cache`) and handed to
 the extension, which consults them on every call. :func:`ensure` is what the model calls before
@@ -10,7 +13,7 @@ decoding (measuring only what the cache lacks; ``CONVS2S_TUNE=0`` turns measurin
 shape never measured takes the kernels up to 8 rows); ``python3 -m convs2s_kernels.tune``
 prints the table::
 
-    python3 -m convs2s_kernels.tune --shapes kn:1536x1024,nk:512x40000 --dtype float32,int8
+    python3 -m convs2s_kernels.tune --shapes kn:1536x1024@512MB,nk:512x40000@512MB --dtype float32,int8
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class Shape:
     dtype: str
     K: int
     N: int
+    # megabytes of weights a decoding step reads between two uses of this one (its whole weight
+    # set, a power of two: see stream_mb); 0 = this weight alone, hot in cache
+    stream_mb: int = 0
 
     def __post_init__(self):
         if self.form not in FORMS:
@@ -58,10 +64,24 @@ class Shape:
             raise ValueError("int8 weights are stored (N, K): form nk")
         if self.K < 1 or self.N < 1:
             raise ValueError(f"K and N must be positive, got {self.K}x{self.N}")
+        if self.stream_mb < 0 or self.stream_mb & (self.stream_mb - 1):
+            raise ValueError(f"stream_mb must be 0 or a power of two, got {self.stream_mb}")
 
     @property
     def name(self) -> str:
-        return f"{self.form}:{self.dtype}:{self.K}x{self.N}"
+        base = f"{self.form}:{self.dtype}:{self.K}x{self.N}"
+        return f"{base}@{self.stream_mb}MB" if self.stream_mb else base
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.K * self.N * DTYPES[self.dtype].itemsize
+
+
+def stream_mb(weight_bytes: int) -> int:
+    """A step's weight bytes as Shape.stream_mb: megabytes rounded up to a power of two (models of
+    about one size share their measurements)."""
+    mb = max(1, -(-weight_bytes // (1 << 20)))
+    return 1 << (mb - 1).bit_length()
 
 
 def _operands(shape: Shape, rows: int, gen: torch.Generator):
@@ -76,18 +96,35 @@ def _operands(shape: Shape, rows: int, gen: torch.Generator):
     return x, w.to(dtype), bias
 
 
+def _cycle(items: list) -> Callable[[], object]:
+    """A call that returns the next of ``items`` each time, round and round."""
+    state = {"i": -1}
+
+    def take():
+        state["i"] = (state["i"] + 1) % len(items)
+        return items[state["i"]]
+    return take
+
+
 def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], object], Callable[[], object]]:
-    """``(few-row kernel, ATen GEMM)`` for ``rows`` rows of this shape, each a no-argument call."""
+    """``(few-row kernel, ATen GEMM)`` for ``rows`` rows of this shape, each a no-argument call.
+    With ``stream_mb``, each call (of either) multiplies the next of as many copies of the weight as
+    fill it, so that every call reads a weight that the others pushed out of the caches, as in a step."""
     C = native()
     x, w, b = _operands(shape, rows, torch.Generator().manual_seed(seed))
+    copies = max(1, -(-(shape.stream_mb << 20) // shape.weight_bytes))
+    pool = [w] + [tuple(t.clone() for t in w) if isinstance(w, tuple) else w.clone() for _ in range(copies - 1)]
+    # one cycle for both: the GEMM must not read the copy the kernel has just brought into cache
+    kernel_w = gemm_w = _cycle(pool)
     if shape.dtype == "int8":
-        q, s = w
         # the GEMM side of an int8 weight: dequantise, then the float GEMM (what the extension does)
-        return (lambda: C.small_gemm_int8(x, q, s, b),
-                lambda: torch.addmm(b, x, (q.to(torch.float32) * s.unsqueeze(1)).t()))
+        def dequantised_gemm():
+            q, s = gemm_w()
+            return torch.addmm(b, x, (q.to(torch.float32) * s.unsqueeze(1)).t())
+        return lambda: C.small_gemm_int8(x, *kernel_w(), b), dequantised_gemm
     if shape.form == "nk":
-        return lambda: C.small_gemm_nk(x, w, b), lambda: F.linear(x, w, b)
-    return lambda: C.small_gemm_kn(x, w, b), lambda: torch.addmm(b, x, w)
+        return lambda: C.small_gemm_nk(x, kernel_w(), b), lambda: F.linear(x, gemm_w(), b)
+    return lambda: C.small_gemm_kn(x, kernel_w(), b), lambda: torch.addmm(b, x, gemm_w())
 
 
 def time_pair(fns: Sequence[Callable[[], object]], repeats: int = 7, budget_s: float = 0.5) -> List[float]:
@@ -151,14 +188,19 @@ def apply(shape: Shape, entry: dict) -> None:
 
 
 def parse_shape(name: str) -> Shape:
-    """``form:dtype:KxN`` (as :attr:`Shape.name` writes it) or ``form:KxN`` (float32)."""
-    parts = name.split(":")
+    """``form:dtype:KxN[@<stream_mb>MB]`` (as :attr:`Shape.name` writes it) or ``form:KxN`` (float32)."""
+    head, _, stream = name.partition("@")
+    parts = head.split(":")
     try:
         form, dtype, dims = (parts[0], "float32", parts[1]) if len(parts) == 2 else parts
         K, N = (int(v) for v in dims.lower().split("x"))
+        if stream and not stream.upper().endswith("MB"):
+            raise ValueError(stream)
+        mb = int(stream[:-2]) if stream else 0
     except ValueError:
-        raise ValueError(f"a shape is form:dtype:KxN or form:KxN (e.g. kn:float32:1536x1024), got {name!r}") from None
-    return Shape(form, dtype, K, N)
+        raise ValueError("a shape is form:dtype:KxN or form:KxN, optionally @<MB>MB (e.g. kn:float32:1536x1024@512MB), "
+                         f"got {name!r}") from None
+    return Shape(form, dtype, K, N, mb)
 
 
 def tuning_enabled() -> bool:
@@ -234,7 +276,8 @@ def format_table(entries: Dict[str, dict]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m convs2s_kernels.tune", description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="", help="comma-separated form:dtype:KxN or form:KxN; default: the shapes "
+    p.add_argument("--shapes", default="", help="comma-separated form:dtype:KxN or form:KxN, each optionally "
+                   "@<MB>MB (timed on weights as cold as in a step reading that many MB); default: the shapes "
                    "already in this machine's cache")
     p.add_argument("--dtype", default="", help="measure every shape also in these weight dtypes (float32,bfloat16,int8)")
     p.add_argument("--remeasure", action="store_true", help="measure even the shapes the cache has")

@@ -94,6 +94,41 @@ def test_bad_shapes_name_the_problem():
     with pytest.raises(ValueError, match="form:dtype:KxN"):
         tune.parse_shape("nk:12")
     assert tune.parse_shape("kn:1536x1024") == tune.Shape("kn", "float32", 1536, 1024)
+    with pytest.raises(ValueError, match="power of two"):
+        tune.Shape("nk", "float32", 4, 4, stream_mb=96)
+    with pytest.raises(ValueError, match="@<MB>MB"):
+        tune.parse_shape("nk:float32:4x4@96GB")
+    streamed = tune.Shape("nk", "int8", 512, 40000, stream_mb=128)
+    assert streamed.name == "nk:int8:512x40000@128MB" and tune.parse_shape(streamed.name) == streamed
+
+
+def test_stream_mb_rounds_a_steps_bytes_up_to_a_power_of_two():
+    assert [tune.stream_mb(b) for b in (1, 1 << 20, (1 << 20) + 1, 381_000_000, 512 << 20)] == [1, 1, 2, 512, 512]
+
+
+def test_candidates_read_a_fresh_copy_of_the_weight_each_call(fresh, monkeypatch):
+    """With stream_mb, each call multiplies the next of enough copies to fill it (cold, as in a
+    step), and both candidates compute the same product."""
+    seen = []
+    shape = tune.Shape("kn", "float32", 64, 1024, stream_mb=1)  # 256 KB a weight: 4 copies
+    real = native()
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def small_gemm_kn(self, x, w, b):
+            seen.append(w.data_ptr())
+            return real.small_gemm_kn(x, w, b)
+    monkeypatch.setattr(tune, "native", lambda: Spy())
+    kernel, gemm = tune.candidates(shape, rows=3)
+    outs = [kernel() for _ in range(8)]
+    assert len(set(seen)) == 4 and seen[:4] == seen[4:], "four distinct copies, round and round"
+    torch.testing.assert_close(outs[0], gemm(), rtol=1e-4, atol=1e-4)
+    kernel()  # the GEMM took a copy of its own in between: not the one the kernel read last
+    assert seen[-1] == seen[1], "both candidates draw from one cycle"
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])  # copies, not other weights
 
 
 def test_cli_prints_the_table_and_refuses_bad_shapes(fresh):
@@ -113,13 +148,17 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     model = build_model("fconv_iwslt_de_en", 50, 60).eval()
     shapes = step_weight_shapes(model.decoder)
     names = [s.name for s in shapes]
-    assert names[0] == "nk:float32:256x256" and names[-1] == "nk:float32:256x60"  # fc1 ... fc3
-    assert "kn:float32:768x512" in names  # a 256-channel convolution of width 3: (3 * 256, 2 * 256)
+    # every shape is timed after the step's whole weight set: fc1, projections, convolutions, fc2, fc3
+    step_bytes = 4 * (256 * 256 + 256 * 256 + 256 * 60 + sum(conv.kernel_width * conv.in_channels * conv.out_channels
+                                                              for conv in model.decoder.convolutions))
+    stream = f"@{tune.stream_mb(step_bytes)}MB"
+    assert names[0] == "nk:float32:256x256" + stream and names[-1] == "nk:float32:256x60" + stream  # fc1 ... fc3
+    assert "kn:float32:768x512" + stream in names  # a 256-channel convolution of width 3: (3 * 256, 2 * 256)
     model.quantize_decoder_int8()
     assert step_weight_shapes(model.decoder) == [], "int8 activations: linear_w8a8 has no kernel choice"
     model.quantize_decoder_int8(activations="float")
     int8 = [s.name for s in step_weight_shapes(model.decoder)]
-    assert "nk:int8:768x512" in int8 and all(":int8:" in n for n in int8)
+    assert "nk:int8:768x512@2MB" in int8 and all(":int8:" in n for n in int8)  # a quarter of the bytes
     asked = []
     monkeypatch.setattr("convs2s.decoder.ensure_kernel_choice", lambda s: asked.append([x.name for x in s]))
     with torch.no_grad():
