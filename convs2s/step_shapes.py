@@ -4,7 +4,7 @@ the GEMM for exactly its shapes before it decodes."""
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -16,26 +16,40 @@ from .layers import ConvTBCWeight, WeightNormed
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
-def _weight_bytes(module: nn.Module) -> int:
-    """The bytes of ``module``'s weight that a step reads (int8 when quantised)."""
+def _dims(module: nn.Module) -> Optional[Tuple[str, int, int]]:
+    """``(form, K, N)`` of a float step's product with ``module``'s weight: a conv weight is
+    (K, N) = (k * C_in, 2C), a Linear weight (N, K); None for a plain nn.Linear (fc3 tied to the
+    target embedding runs F.linear, never the kernels)."""
+    if isinstance(module, ConvTBCWeight):
+        return "kn", module.kernel_width * module.in_channels, module.out_channels
     if isinstance(module, WeightNormed):
-        K = module.kernel_width * module.in_channels if isinstance(module, ConvTBCWeight) else module.in_features
-        N = module.out_channels if isinstance(module, ConvTBCWeight) else module.out_features
-        return K * N * (1 if module.use_int8 else module.bias.element_size())
-    return module.weight.numel() * module.weight.element_size()
+        return "nk", module.in_features, module.out_features
+    return None
+
+
+def _weight_bytes(module: nn.Module) -> int:
+    """The bytes of ``module``'s weight that a step reads: the float weight, or the int8 weight
+    and its float32 scale per output row."""
+    dims = _dims(module)
+    if dims is None:
+        return module.weight.numel() * module.weight.element_size()
+    _, K, N = dims
+    return K * N + 4 * N if module.use_int8 else K * N * module.bias.element_size()
+
+
+def step_weight_bytes(decoder: nn.Module) -> int:
+    """The bytes of weights one step with folded attention reads (:func:`step_weight_modules`)."""
+    return sum(_weight_bytes(m) for m in step_weight_modules(decoder))
 
 
 def _shape(module: nn.Module, stream: int) -> List[Shape]:
-    """A conv weight is (K, N) = (k * C_in, 2C) for float steps; int8 ones are quantised per
-    output row, (N, K); Linear weights are (N, K) either way. With int8 activations there is no
-    choice to measure."""
-    if isinstance(module, ConvTBCWeight):
-        K, N, form = module.kernel_width * module.in_channels, module.out_channels, "kn"
-    elif isinstance(module, WeightNormed):
-        K, N, form = module.in_features, module.out_features, "nk"
-    else:  # a plain nn.Linear (fc3 tied to the target embedding) runs F.linear, never the kernels
+    """int8 weights are quantised per output row, (N, K), whatever the float form; with int8
+    activations there is no choice to measure."""
+    dims = _dims(module)
+    if dims is None:
         return []
-    if isinstance(module, WeightNormed) and module.use_int8:
+    form, K, N = dims
+    if module.use_int8:
         # int8 activations run linear_w8a8, whose kernel follows thresholds measured once per kernel
         # (csrc/linear_w8a8_cpu.cpp: AMX from 2 rows on a packed weight, ...): nothing for the tuner
         return [] if module.int8_activations else [Shape("nk", "int8", K, N, stream)]
@@ -53,6 +67,5 @@ def step_weight_modules(decoder: nn.Module) -> List[nn.Module]:
 def step_weight_shapes(decoder: nn.Module) -> List[Shape]:
     """The shapes of :func:`step_weight_modules` that run the kernels, in order (no repeats), each
     to be timed as cold as the step leaves it: after the step's whole weight set (stream_mb)."""
-    modules = step_weight_modules(decoder)
-    stream = stream_mb(sum(_weight_bytes(m) for m in modules))
-    return list(dict.fromkeys(s for m in modules for s in _shape(m, stream)))
+    stream = stream_mb(step_weight_bytes(decoder))
+    return list(dict.fromkeys(s for m in step_weight_modules(decoder) for s in _shape(m, stream)))

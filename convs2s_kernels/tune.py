@@ -5,10 +5,11 @@ Both candidates are timed side by side, interleaved, at row buckets 1..64, on we
 decoding step finds them: a step reads its whole weight set between two uses of one weight, so a
 shape carries that set's size (``stream_mb``) and each call takes the next of enough copies to
 fill it. (Timed on one weight kept hot in cache, the GEMM won from 8 rows on shapes where, in
-the step, the kernels were 4-11% faster up to 16 rows.) Each bucket takes its winner, and a row count between buckets takes the kernel only when both neighbours chose it, so
-the cpp backend never runs a kernel measured slower than the GEMM the reference composition
-calls. Choices are measured once per machine (:mod:`convs2s_kernels.tune_cache`) and handed to
-the extension, which consults them on every call. :func:`ensure` is what the model calls before
+the step, the kernels were 4-11% faster up to 16 rows.) Each bucket takes its winner, and a row
+count between buckets takes the kernel only when both neighbours chose it, so the cpp backend
+never runs a kernel measured slower than the GEMM the reference composition calls. Choices are
+measured once per machine (:mod:`convs2s_kernels.tune_cache`) and handed to the extension, which
+consults them on every call. :func:`ensure` is what the model calls before
 decoding (measuring only what the cache lacks; ``CONVS2S_TUNE=0`` turns measuring off, and a
 shape never measured takes the kernels up to 8 rows); ``python3 -m convs2s_kernels.tune``
 prints the table::

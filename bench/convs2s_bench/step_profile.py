@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from convs2s.model import build_model
-from convs2s.step_shapes import step_weight_modules
+from convs2s.step_shapes import step_weight_bytes, step_weight_modules
 from convs2s_kernels.env import machine_description
 
 from .report import positive_ints, publish
@@ -53,9 +53,8 @@ def step_bounds(model, rows: int, src_len: int) -> Tuple[int, float]:
     """(bytes of weights a step streams, FLOPs of a step): every step weight read once, and each
     row's products with them plus its folded attention over the source (scores and weighted
     sum, 2 x S x C FLOPs each)."""
-    weights = _step_weights(model.decoder)
-    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
-    weights = [w for w in weights if w.dim() >= 2]  # int8 scales: bytes, no products
+    weight_bytes = step_weight_bytes(model.decoder)
+    weights = [w for w in _step_weights(model.decoder) if w.dim() >= 2]  # int8 scales: bytes, no products
     flops = 2.0 * rows * sum(w.numel() for w in weights)
     for conv, att in zip(model.decoder.convolutions, model.decoder.attention):
         if att is not None:
