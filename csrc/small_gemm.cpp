@@ -100,17 +100,17 @@ struct Gemm {
   int64_t ldy;
 };
 
-// Software prefetch, for tiles of two rows or more: the more rows a tile has, the longer it
-// computes on each weight vector and the fewer loads it keeps in flight; the hardware
-// prefetchers alone left the fp32 kernels 10-20% slower at 5-16 rows, at AVX-512 and AVX2 alike
-// (bench/results/xeon-amx-2c). One row streams at full bandwidth without help. The (K, N)
-// kernel prefetches in every row tile (measured: 8% faster at 12 rows than in the first only),
-// the (N, K) kernel in the first (the later ones find the rows in L1/L2; 1-2% faster).
+// Software prefetch. The (K, N) kernel, in tiles of two rows or more: the more rows a tile has,
+// the longer it computes on each weight vector and the fewer loads it keeps in flight; the
+// hardware prefetchers alone left it 10-20% slower at 5-16 rows, at AVX-512 and AVX2 alike
+// (bench/results/xeon-amx-2c), and prefetching in every row tile was 8% faster at 12 rows than
+// in the first only. The (N, K) kernel: see nk_tile.
 template <int M> constexpr bool kPrefetch = M >= 2;
 // The line at `offset` elements from p, which may lie past the weight's end (a prefetch never
-// faults; the address is formed as an integer, not as an out-of-range pointer).
-template <typename W> CONVS2S_INLINE void prefetch(const W* p, int64_t offset) {
-  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + offset * sizeof(W)), 0, 3);
+// faults; the address is formed as an integer, not as an out-of-range pointer). `Locality` 3
+// fetches into L1, 2 into L2.
+template <int Locality = 3, typename W> CONVS2S_INLINE void prefetch(const W* p, int64_t offset) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + offset * sizeof(W)), 0, Locality);
 }
 // The cache lines of `bytes` bytes from `offset` elements on (a tile's piece of one weight row).
 template <typename W> CONVS2S_INLINE void prefetch_lines(const W* p, int64_t offset, int bytes) {
@@ -181,22 +181,40 @@ CONVS2S_INLINE void kn_panel(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t
 
 // ---- (N, K) weights (nn.Linear): dot products along contiguous weight rows ----
 
-// Tile: rows [r, r + M) x outputs [n, n + NT), the whole of K; finishes y (scale and bias).
+// Blocks of NT weight rows ahead that nk_tile prefetches (1, 2 and 4 measured alike).
+constexpr int64_t kNkAheadBlocks = 2;
+
+// Tile `tile` of `tiles` (rows [r, r + M)) x outputs [n, n + NT), the whole of K; finishes y
+// (scale and bias). While it computes, it prefetches into L2 its share of the block of NT weight
+// rows kNkAheadBlocks on: tile t takes the t-th of `tiles` equal stretches of the block's lines,
+// spread evenly over its own loop, so that the memory keeps streaming while later row tiles
+// compute on the block in L1. Prefetching only in the first row tile (into L1, 1 KB ahead)
+// left it idle then; dealing the lines out in turn (tile t the lines t, t + tiles, ...) was as
+// slow as that at 5-8 rows (fconv_wmt_en_fr's (N, K) weights, AVX-512; bench/results/xeon-amx-2c).
 template <typename V, int M, int NT, typename W>
-CONVS2S_INLINE void nk_tile(const Gemm<W>& g, int64_t r, int64_t n) {
-  const bool fetch = kPrefetch<M> && r == 0;  // later row tiles find the rows in L1/L2
+CONVS2S_INLINE void nk_tile(const Gemm<W>& g, int64_t r, int64_t n, int tile, int tiles) {
   constexpr int L = Vec<V>::lanes;
   const int64_t KL = g.K - g.K % L;
+  const int64_t ahead = kNkAheadBlocks * NT * g.K;
   V acc[M][NT];
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < NT; ++j) acc[m][j] = V{};
   const W* w = g.w + n * g.K;
   const float* x = g.x + r * g.ldx;
+  // Slot q of all tiles' line slots (tile t's are [t * lines, (t + 1) * lines)) prefetches line
+  // q / tiles of each of the block's rows when q is a multiple of `tiles`.
+  constexpr int64_t kLine = 64 / int64_t(sizeof(W));  // weights per cache line (>= L)
+  const int64_t lines = (KL + kLine - 1) / kLine;
+  int64_t q = tile * lines, due = q % tiles;
   for (int64_t k = 0; k < KL; k += L) {
     V wv[NT];
     for (int j = 0; j < NT; ++j) wv[j] = load<V>(w + j * g.K + k);
-    if (fetch)  // 1 KB on along each weight row
-      for (int j = 0; j < NT; ++j) prefetch(w, j * g.K + k + 1024 / int64_t(sizeof(W)));
+    if (k % kLine == 0) {  // a line slot: this k starts a cache line along the weight rows
+      if (due == 0)
+        for (int j = 0; j < NT; ++j) prefetch<2>(w, ahead + j * g.K + q / tiles * kLine);
+      ++q;
+      if (++due == tiles) due = 0;
+    }
     for (int m = 0; m < M; ++m) {
       const V xv = load<V>(x + m * g.ldx + k);
       for (int j = 0; j < NT; ++j) acc[m][j] += xv * wv[j];
@@ -214,13 +232,14 @@ CONVS2S_INLINE void nk_tile(const Gemm<W>& g, int64_t r, int64_t n) {
 template <typename V, int MT, int NT, typename W>
 CONVS2S_INLINE void nk_block(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {
   static_assert(MT >= 1 && MT <= 8, "CONVS2S_ROWS_SWITCH dispatches tiles of 1..8 rows");
+  const int tiles = int((rows + MT - 1) / MT);
   int64_t n = n0;
   for (; n + NT <= n1; n += NT)
     for (int64_t r = 0; r < rows; r += MT)
-      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (nk_tile<V, M, NT>(g, r, n)))
+      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (nk_tile<V, M, NT>(g, r, n, int(r / MT), tiles)))
   for (; n < n1; ++n)
     for (int64_t r = 0; r < rows; r += MT)
-      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (nk_tile<V, M, 1>(g, r, n)))
+      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (nk_tile<V, M, 1>(g, r, n, int(r / MT), tiles)))
 }
 
 // One variant per instruction set. Register tiles: AVX-512 has 32 zmm (kn: 6 rows x 4 vectors =
