@@ -189,8 +189,9 @@ constexpr int64_t kNkAheadBlocks = 2;
 // rows kNkAheadBlocks on: tile t takes the t-th of `tiles` equal stretches of the block's lines,
 // spread evenly over its own loop, so that the memory keeps streaming while later row tiles
 // compute on the block in L1. Prefetching only in the first row tile (into L1, 1 KB ahead)
-// left it idle then; dealing the lines out in turn (tile t the lines t, t + tiles, ...) was as
-// slow as that at 5-8 rows (fconv_wmt_en_fr's (N, K) weights, AVX-512; bench/results/xeon-amx-2c).
+// left it idle then (20-28% slower at 2-24 rows); dealing the lines out in turn instead (tile t
+// the lines t, t + tiles, ...) gained only 0-10% at 5-8 rows (fconv_wmt_en_fr's (N, K) weights,
+// AVX-512; bench/results/xeon-amx-2c).
 template <typename V, int M, int NT, typename W>
 CONVS2S_INLINE void nk_tile(const Gemm<W>& g, int64_t r, int64_t n, int tile, int tiles) {
   constexpr int L = Vec<V>::lanes;
