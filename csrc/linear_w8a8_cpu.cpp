@@ -43,6 +43,8 @@ namespace convs2s {
 
 namespace {
 
+#define CONVS2S_QUANT_INLINE inline __attribute__((always_inline))
+
 // Activations padded to whole 64-byte vectors (the padding is never multiplied by a real weight:
 // the weight's tail is loaded masked or zero-filled).
 constexpr int64_t kPad = 64;
@@ -92,23 +94,84 @@ inline void finish_upto4(const Operands& g, int64_t m, int64_t n, int count, __m
 // Quantise row m: sx = max|x| / 127 (1 for a row of zeros), xq = round-half-even(x / sx), as
 // quantize_rows_int8 in the reference. The rounding adds and subtracts 1.5 * 2^23, which rounds
 // to nearest-even for |v| <= 127.5 in any vector width (std::nearbyint is a library call here).
-// u (the kernels' unsigned copy) may be null.
-void quantize_row(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, bool vnni, float* sx) {
+// Written for vectors of V (AVX-512, AVX2 or baseline): compiled for the baseline alone, the max
+// stayed a scalar chain (a float max reduction is not vectorised without -ffast-math) and the
+// division 4 lanes wide, ~6% of an int8 decoding step at 12 rows. The max is exact in any order;
+// NaNs are skipped, as by the scalar loop (a comparison with NaN is false). u (the kernels'
+// unsigned copy) may be null.
+// The integer vectors of as many lanes as V.
+template <typename V> struct QuantVec {
+  static constexpr int lanes = sizeof(V) / sizeof(float);
+  typedef int32_t i32 __attribute__((vector_size(4 * lanes)));
+  typedef int8_t i8 __attribute__((vector_size(lanes)));
+};
+
+template <typename V>
+CONVS2S_QUANT_INLINE void quantize_row_v(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, bool vnni,
+                                         float* sx) {
+  constexpr int L = QuantVec<V>::lanes;
+  typedef typename QuantVec<V>::i32 I;
+  typedef typename QuantVec<V>::i8 Q;
+  const I abs_mask = I{} + 0x7fffffff;
+  V m0{}, m1{};
+  int64_t k = 0;
+  for (; k + 2 * L <= K; k += 2 * L) {
+    V a, b;
+    std::memcpy(&a, x + k, sizeof(V));
+    std::memcpy(&b, x + k + L, sizeof(V));
+    a = (V)((I)a & abs_mask);
+    b = (V)((I)b & abs_mask);
+    m0 = a > m0 ? a : m0;
+    m1 = b > m1 ? b : m1;
+  }
+  m0 = m1 > m0 ? m1 : m0;
   float amax = 0.f;
-  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::abs(x[k]));
+  for (int i = 0; i < L; ++i) amax = std::max(amax, m0[i]);
+  for (; k < K; ++k) amax = std::max(amax, std::abs(x[k]));
   const float scale = amax / 127.f;
   const float div = scale > 0.f ? scale : 1.f;
   *sx = div;
   constexpr float kMagic = 12582912.f;
-  for (int64_t k = 0; k < K; ++k) {
-    const float r = (x[k] / div + kMagic) - kMagic;  // IEEE arithmetic: never simplified away
-    const int v = std::min(127, std::max(-127, static_cast<int>(r)));
-    q[k] = static_cast<int8_t>(v);
+  k = 0;
+  for (; k + L <= K; k += L) {
+    V v;
+    std::memcpy(&v, x + k, sizeof(V));
+    V r = (v / div + kMagic) - kMagic;  // IEEE arithmetic: never simplified away
+    r = r > 127.f ? V{} + 127.f : r;     // integral already: clamping before or after converting is alike
+    r = r < -127.f ? V{} - 127.f : r;
+    I i = __builtin_convertvector(r, I);
+    const Q b = __builtin_convertvector(i, Q);
+    std::memcpy(q + k, &b, sizeof(Q));
+  }
+  for (; k < K; ++k) {
+    const float r = (x[k] / div + kMagic) - kMagic;
+    q[k] = static_cast<int8_t>(std::min(127, std::max(-127, static_cast<int>(r))));
   }
   std::memset(q + K, 0, Kp - K);
   if (u == nullptr) return;
   for (int64_t k = 0; k < K; ++k) u[k] = static_cast<uint8_t>(vnni ? q[k] + 128 : std::abs(q[k]));
   std::memset(u + K, vnni ? 128 : 0, Kp - K);
+}
+
+typedef float qv16 __attribute__((vector_size(64)));
+typedef float qv8 __attribute__((vector_size(32)));
+typedef float qv4 __attribute__((vector_size(16)));
+#ifdef CONVS2S_X86
+__attribute__((target("avx512f,avx512bw"))) void quantize_row_avx512(const float* x, int64_t K, int8_t* q, uint8_t* u,
+                                                                    int64_t Kp, bool vnni, float* sx) {
+  quantize_row_v<qv16>(x, K, q, u, Kp, vnni, sx);
+}
+__attribute__((target("avx2"))) void quantize_row_avx2(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp,
+                                                       bool vnni, float* sx) {
+  quantize_row_v<qv8>(x, K, q, u, Kp, vnni, sx);
+}
+#endif
+void quantize_row(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, bool vnni, float* sx, Isa isa) {
+#ifdef CONVS2S_X86
+  if (isa == Isa::avx512) return quantize_row_avx512(x, K, q, u, Kp, vnni, sx);
+  if (isa == Isa::avx2) return quantize_row_avx2(x, K, q, u, Kp, vnni, sx);
+#endif
+  quantize_row_v<qv4>(x, K, q, u, Kp, vnni, sx);
 }
 
 // ---- baseline: plain integer loops ----
@@ -599,7 +662,7 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
   // rows in parallel once there are enough of them to pay for waking the other threads
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
-      quantize_row(xp + m * K, K, &xq[m * Kp], unsigned_copy ? &xu[m * Kp] : nullptr, Kp, vnni, &sx[m]);
+      quantize_row(xp + m * K, K, &xq[m * Kp], unsigned_copy ? &xu[m * Kp] : nullptr, Kp, vnni, &sx[m], isa);
   });
   const Operands g{xq.data(), xu.data(), Kp, qc.data_ptr<int8_t>(), N, K, sx.data(), sc.data_ptr<float>(),
                    bf.defined() ? bf.data_ptr<float>() : nullptr, y.data_ptr<float>(), N,

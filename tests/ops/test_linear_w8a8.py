@@ -122,6 +122,24 @@ def test_repeated_and_zero_rows():
     assert torch.equal(out, ck.linear_w8a8_ref(x, q, s, b))
 
 
+
+@pytest.mark.parametrize("K", [5, 37, 100])
+@torch.no_grad()
+def test_quantised_rows_round_ties_to_even_like_the_reference(K):
+    """Rows whose max is 127 have scale 1, so x / scale lands exactly on halves: the kernels'
+    quantiser (vector lanes and the scalar tail alike) must round them to even and clamp as the
+    reference does. An identity weight reads the quantised row back: y = xq * sx exactly."""
+    halves = (torch.arange(K, dtype=torch.float32) - K // 2) * 0.5 + 0.5  # ..., -0.5, 0.5, 1.5, 2.5, ...
+    x = torch.stack([halves.clamp(-126.5, 126.5), halves * 3 % 127 - 63.5, -halves.flip(0)])
+    x[:, 0] = 127.0  # |max| = 127 -> scale exactly 1
+    x[2, 1] = -127.0
+    q = torch.eye(K, dtype=torch.int8)
+    s = torch.ones(K)
+    runnable("cpp", "linear_w8a8", x, q, s)
+    want = ck.linear_w8a8_ref(x, q, s)
+    assert torch.equal(want, torch.round(x)), "the reference rounds halves to even"
+    assert torch.equal(ck.linear_w8a8(x, q, s, backend="cpp"), want)
+
 @torch.no_grad()
 def test_reference_error_is_bounded_by_both_quantisations():
     """``|y - x W^T| <= sum_k |x_k| |dW| + |dx_k| |W|`` with each quantisation step's half as the error."""
