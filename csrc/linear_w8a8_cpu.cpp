@@ -91,6 +91,13 @@ inline void finish_upto4(const Operands& g, int64_t m, int64_t n, int count, __m
 }
 #endif
 
+// The integer vectors of as many lanes as V.
+template <typename V> struct QuantVec {
+  static constexpr int lanes = sizeof(V) / sizeof(float);
+  typedef int32_t i32 __attribute__((vector_size(4 * lanes)));
+  typedef int8_t i8 __attribute__((vector_size(lanes)));
+};
+
 // Quantise row m: sx = max|x| / 127 (1 for a row of zeros), xq = round-half-even(x / sx), as
 // quantize_rows_int8 in the reference. The rounding adds and subtracts 1.5 * 2^23, which rounds
 // to nearest-even for |v| <= 127.5 in any vector width (std::nearbyint is a library call here).
@@ -99,13 +106,6 @@ inline void finish_upto4(const Operands& g, int64_t m, int64_t n, int count, __m
 // division 4 lanes wide, ~6% of an int8 decoding step at 12 rows. The max is exact in any order;
 // NaNs are skipped, as by the scalar loop (a comparison with NaN is false). u (the kernels'
 // unsigned copy) may be null.
-// The integer vectors of as many lanes as V.
-template <typename V> struct QuantVec {
-  static constexpr int lanes = sizeof(V) / sizeof(float);
-  typedef int32_t i32 __attribute__((vector_size(4 * lanes)));
-  typedef int8_t i8 __attribute__((vector_size(lanes)));
-};
-
 template <typename V>
 CONVS2S_QUANT_INLINE void quantize_row_v(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, bool vnni,
                                          float* sx) {
@@ -136,10 +136,10 @@ CONVS2S_QUANT_INLINE void quantize_row_v(const float* x, int64_t K, int8_t* q, u
   for (; k + L <= K; k += L) {
     V v;
     std::memcpy(&v, x + k, sizeof(V));
-    V r = (v / div + kMagic) - kMagic;  // IEEE arithmetic: never simplified away
-    r = r > 127.f ? V{} + 127.f : r;     // integral already: clamping before or after converting is alike
-    r = r < -127.f ? V{} - 127.f : r;
-    I i = __builtin_convertvector(r, I);
+    const V r = (v / div + kMagic) - kMagic;  // IEEE arithmetic: never simplified away
+    I i = __builtin_convertvector(r, I);  // as the scalar cast: a NaN becomes INT_MIN, then -127
+    i = i > 127 ? I{} + 127 : i;
+    i = i < -127 ? I{} - 127 : i;
     const Q b = __builtin_convertvector(i, Q);
     std::memcpy(q + k, &b, sizeof(Q));
   }
@@ -157,8 +157,8 @@ typedef float qv16 __attribute__((vector_size(64)));
 typedef float qv8 __attribute__((vector_size(32)));
 typedef float qv4 __attribute__((vector_size(16)));
 #ifdef CONVS2S_X86
-__attribute__((target("avx512f,avx512bw"))) void quantize_row_avx512(const float* x, int64_t K, int8_t* q, uint8_t* u,
-                                                                    int64_t Kp, bool vnni, float* sx) {
+__attribute__((target("avx512f"))) void quantize_row_avx512(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp,
+                                                        bool vnni, float* sx) {
   quantize_row_v<qv16>(x, K, q, u, Kp, vnni, sx);
 }
 __attribute__((target("avx2"))) void quantize_row_avx2(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp,
