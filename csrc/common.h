@@ -7,6 +7,7 @@
 #define CONVS2S_CHECK_CPU(t) TORCH_CHECK((t).device().is_cpu(), #t " must be a CPU tensor")
 #define CONVS2S_CHECK_DIM(t, n) TORCH_CHECK((t).dim() == (n), #t " must have " #n " dimensions, got ", (t).dim())
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -29,6 +30,20 @@ inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& opt
 // rows by their strides but read each row's channels as one run.
 inline at::Tensor last_dim_contiguous(const at::Tensor& t) {
   return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+// fn(row, c0, c1) over the columns [c0, c1) of each row of a rows x cols block, the block's
+// elements shared among the threads in runs of at least kRowSpanGrain (a run may start or end
+// inside a row): a decoding step has a few rows of 512-8192 channels, which a split by rows
+// alone leaves to one thread.
+constexpr int64_t kRowSpanGrain = 4096;
+
+template <typename F>
+void parallel_row_spans(int64_t rows, int64_t cols, const F& fn) {
+  at::parallel_for(0, rows * cols, kRowSpanGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin / cols; r * cols < end; ++r)
+      fn(r, std::max<int64_t>(begin - r * cols, 0), std::min<int64_t>(end - r * cols, cols));
+  });
 }
 
 }  // namespace convs2s

@@ -26,6 +26,7 @@
 #include "isa.h"
 #include "row_tiles.h"
 #include "small_gemm.h"
+#include "vec.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -42,8 +43,6 @@
 namespace convs2s {
 
 namespace {
-
-#define CONVS2S_QUANT_INLINE inline __attribute__((always_inline))
 
 // Activations padded to whole 64-byte vectors (the padding is never multiplied by a real weight:
 // the weight's tail is loaded masked or zero-filled).
@@ -91,13 +90,6 @@ inline void finish_upto4(const Operands& g, int64_t m, int64_t n, int count, __m
 }
 #endif
 
-// The integer vectors of as many lanes as V.
-template <typename V> struct QuantVec {
-  static constexpr int lanes = sizeof(V) / sizeof(float);
-  typedef int32_t i32 __attribute__((vector_size(4 * lanes)));
-  typedef int8_t i8 __attribute__((vector_size(lanes)));
-};
-
 // Quantise row m: sx = max|x| / 127 (1 for a row of zeros), xq = round-half-even(x / sx), as
 // quantize_rows_int8 in the reference. The rounding adds and subtracts 1.5 * 2^23, which rounds
 // to nearest-even for |v| <= 127.5 in any vector width (std::nearbyint is a library call here).
@@ -107,11 +99,11 @@ template <typename V> struct QuantVec {
 // NaNs are skipped, as by the scalar loop (a comparison with NaN is false). u (the kernels'
 // unsigned copy) may be null.
 template <typename V>
-CONVS2S_QUANT_INLINE void quantize_row_v(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, bool vnni,
+CONVS2S_INLINE void quantize_row_v(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, bool vnni,
                                          float* sx) {
-  constexpr int L = QuantVec<V>::lanes;
-  typedef typename QuantVec<V>::i32 I;
-  typedef typename QuantVec<V>::i8 Q;
+  constexpr int L = Vec<V>::lanes;
+  typedef typename Vec<V>::i32 I;
+  typedef typename Vec<V>::i8 Q;
   const I abs_mask = I{} + 0x7fffffff;
   V m0{}, m1{};
   int64_t k = 0;
@@ -153,17 +145,14 @@ CONVS2S_QUANT_INLINE void quantize_row_v(const float* x, int64_t K, int8_t* q, u
   std::memset(u + K, vnni ? 128 : 0, Kp - K);
 }
 
-typedef float qv16 __attribute__((vector_size(64)));
-typedef float qv8 __attribute__((vector_size(32)));
-typedef float qv4 __attribute__((vector_size(16)));
 #ifdef CONVS2S_X86
 __attribute__((target("avx512f"))) void quantize_row_avx512(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp,
                                                         bool vnni, float* sx) {
-  quantize_row_v<qv16>(x, K, q, u, Kp, vnni, sx);
+  quantize_row_v<v16>(x, K, q, u, Kp, vnni, sx);
 }
 __attribute__((target("avx2"))) void quantize_row_avx2(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp,
                                                        bool vnni, float* sx) {
-  quantize_row_v<qv8>(x, K, q, u, Kp, vnni, sx);
+  quantize_row_v<v8>(x, K, q, u, Kp, vnni, sx);
 }
 #endif
 void quantize_row(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, bool vnni, float* sx, Isa isa) {
@@ -171,7 +160,7 @@ void quantize_row(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, 
   if (isa == Isa::avx512) return quantize_row_avx512(x, K, q, u, Kp, vnni, sx);
   if (isa == Isa::avx2) return quantize_row_avx2(x, K, q, u, Kp, vnni, sx);
 #endif
-  quantize_row_v<qv4>(x, K, q, u, Kp, vnni, sx);
+  quantize_row_v<v4>(x, K, q, u, Kp, vnni, sx);
 }
 
 // ---- baseline: plain integer loops ----

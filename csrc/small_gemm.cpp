@@ -14,6 +14,7 @@
 #include "row_tiles.h"
 #include "isa.h"
 #include "kernel_choice.h"
+#include "vec.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -25,22 +26,6 @@
 namespace convs2s {
 
 namespace {
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v8 __attribute__((vector_size(32)));
-
-// Per vector type: its lanes and the integer vectors of as many lanes that widen bf16 / int8
-// weights into it.
-template <typename V> struct Vec {
-  static constexpr int lanes = sizeof(V) / sizeof(float);
-  typedef uint16_t u16 __attribute__((vector_size(2 * lanes)));
-  typedef uint32_t u32 __attribute__((vector_size(4 * lanes)));
-  typedef int8_t i8 __attribute__((vector_size(lanes)));
-  typedef int16_t i16 __attribute__((vector_size(2 * lanes)));
-  typedef int32_t i32 __attribute__((vector_size(4 * lanes)));
-};
-
-#define CONVS2S_INLINE inline __attribute__((always_inline))
 
 template <typename V> CONVS2S_INLINE V load(const float* p) {
   V v;
@@ -73,7 +58,6 @@ CONVS2S_INLINE float to_float(float v) { return v; }
 CONVS2S_INLINE float to_float(int8_t v) { return static_cast<float>(v); }
 CONVS2S_INLINE float to_float(at::BFloat16 v) { return static_cast<float>(v); }
 
-typedef float v4 __attribute__((vector_size(16)));
 // Horizontal sums as a tree of halves (a scalar loop over the lanes costs more than the dot
 // product itself when K is short: fc3's K is 512).
 CONVS2S_INLINE float hsum(v4 v) {
@@ -268,6 +252,17 @@ const Isa kIsa = kernel_isa();
 // Column blocks of 64 per task: every thread streams whole 256-byte pieces of each weight row.
 constexpr int64_t kBlock = 64;
 
+// The (N, K) or (K, N) kernel of the instruction set chosen at load time, over outputs [n0, n1).
+template <bool kNK, typename W> void columns(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {
+  switch (kIsa) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    case Isa::avx512: return kNK ? nk_avx512(g, rows, n0, n1) : kn_avx512(g, rows, n0, n1);
+    case Isa::avx2: return kNK ? nk_avx2(g, rows, n0, n1) : kn_avx2(g, rows, n0, n1);
+#endif
+    default: return kNK ? nk_base(g, rows, n0, n1) : kn_base(g, rows, n0, n1);
+  }
+}
+
 }  // namespace
 
 const char* small_gemm_isa() {
@@ -284,26 +279,7 @@ void small_gemm_nk(int64_t rows, const float* x, int64_t ldx, const W* w, int64_
   TORCH_CHECK(rows >= 1 && rows <= kSmallGemmMaxRows, "small_gemm_nk takes 1..", kSmallGemmMaxRows, " rows");
   RECORD_FUNCTION("convs2s::few_rows_nk", std::vector<c10::IValue>());
   const Gemm<W> g{x, ldx, w, K, N, b, s, y, ldy};
-  at::parallel_for(0, N, kBlock, [&](int64_t n0, int64_t n1) {
-    switch (kIsa) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-      case Isa::avx512: nk_avx512(g, rows, n0, n1); break;
-      case Isa::avx2: nk_avx2(g, rows, n0, n1); break;
-#endif
-      default: nk_base(g, rows, n0, n1);
-    }
-  });
-}
-
-// One ISA variant of the (K, N) kernel over columns [n0, n1).
-template <typename W> void kn_columns(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {
-  switch (kIsa) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    case Isa::avx512: kn_avx512(g, rows, n0, n1); break;
-    case Isa::avx2: kn_avx2(g, rows, n0, n1); break;
-#endif
-    default: kn_base(g, rows, n0, n1);
-  }
+  at::parallel_for(0, N, kBlock, [&](int64_t n0, int64_t n1) { columns<true>(g, rows, n0, n1); });
 }
 
 // The (K, N) kernel splits K between pairs of threads when the weight is large enough (and the
@@ -330,18 +306,15 @@ void kn_split_k(const Gemm<W>& g, int64_t rows, int threads) {
       const int64_t k0 = first ? 0 : half, k1 = first ? half : K;
       const Gemm<W> h{g.x + k0, g.ldx, g.w + k0 * N, k1 - k0, N, nullptr, nullptr, first ? g.y : part.get(),
                       first ? g.ldy : N};
-      kn_columns(h, rows, n0, n1);
+      columns<false>(h, rows, n0, n1);
     }
   });
-  at::parallel_for(0, rows * N, 4096, [&](int64_t i0, int64_t i1) {
-    for (int64_t m = i0 / N; m * N < i1; ++m) {
-      const int64_t c0 = std::max<int64_t>(i0 - m * N, 0), c1 = std::min<int64_t>(i1 - m * N, N);
-      float* out = g.y + m * g.ldy;
-      const float* p = part.get() + m * N;
-      for (int64_t c = c0; c < c1; ++c) {
-        const float v = out[c] + p[c];
-        out[c] = (g.s ? g.s[c] * v : v) + (g.b ? g.b[c] : 0.f);
-      }
+  parallel_row_spans(rows, N, [&](int64_t m, int64_t c0, int64_t c1) {
+    float* out = g.y + m * g.ldy;
+    const float* p = part.get() + m * N;
+    for (int64_t c = c0; c < c1; ++c) {
+      const float v = out[c] + p[c];
+      out[c] = (g.s ? g.s[c] * v : v) + (g.b ? g.b[c] : 0.f);
     }
   });
 }
@@ -359,7 +332,7 @@ void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const W* w, int64_
   const int64_t blocks = (N + kBlock - 1) / kBlock;
   const int64_t per_thread = (blocks + threads - 1) / threads;
   at::parallel_for(0, blocks, per_thread, [&](int64_t b0, int64_t b1) {
-    kn_columns(g, rows, b0 * kBlock, std::min(N, b1 * kBlock));
+    columns<false>(g, rows, b0 * kBlock, std::min(N, b1 * kBlock));
   });
 }
 

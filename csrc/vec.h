@@ -1,0 +1,26 @@
+// GCC/Clang vector types for the CPU kernels (small_gemm.cpp, linear_w8a8_cpu.cpp): float vectors
+// of 4, 8 and 16 lanes and, per vector type, the integer vectors of as many lanes that widen or
+// narrow into it. Functions templated on them are compiled per instruction set with target
+// attributes and must be inlined into those (CONVS2S_INLINE).
+#pragma once
+
+#include <cstdint>
+
+namespace convs2s {
+
+#define CONVS2S_INLINE inline __attribute__((always_inline))
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+template <typename V> struct Vec {
+  static constexpr int lanes = sizeof(V) / sizeof(float);
+  typedef uint16_t u16 __attribute__((vector_size(2 * lanes)));
+  typedef uint32_t u32 __attribute__((vector_size(4 * lanes)));
+  typedef int8_t i8 __attribute__((vector_size(lanes)));
+  typedef int16_t i16 __attribute__((vector_size(2 * lanes)));
+  typedef int32_t i32 __attribute__((vector_size(4 * lanes)));
+};
+
+}  // namespace convs2s
