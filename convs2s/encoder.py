@@ -10,9 +10,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import convs2s_kernels as ck
+from convs2s_kernels.tune import ensure as ensure_kernel_choice
 
 from .architectures import ConvS2SConfig
-from .layers import SQRT_HALF, GradMultiply, Linear, conv_stack, embedding, make_positions, residual_input
+from .layers import NO_DISPATCH, SQRT_HALF, GradMultiply, Linear, conv_stack, embedding, make_positions, residual_input
+from .step_shapes import encoder_weight_shapes
 from .special_tokens import EOS, PAD  # noqa: F401  (EOS: convs2s.encoder.EOS stays importable)
 
 
@@ -87,11 +89,17 @@ class Encoder(nn.Module):
         x = self.embed_tokens(src_tokens) + self.embed_positions(make_positions(src_tokens, PAD))
         x = F.dropout(x, self.dropout, self.training)
         input_embedding = x
-        x = self.fc1(x)
+        # Without gradients (translating) the linear layers take the dispatched op too: a short
+        # batch is a few-row product against a large weight (convs2s_kernels.linear).
+        linear_backend = NO_DISPATCH if torch.is_grad_enabled() else backend
+        if src_tokens.device.type == "cpu" and linear_backend != NO_DISPATCH:
+            # which row counts run the few-row kernels (once per machine, then cached)
+            ensure_kernel_choice(encoder_weight_shapes(self))
+        x = self.fc1(x, linear_backend)
         mask = pad_mask if bool(pad_mask.any()) else None
         residuals = [x]
         for proj, conv, r in zip(self.projections, self.convolutions, self.residuals):
-            residual = residual_input(residuals, proj, r)
+            residual = residual_input(residuals, proj, r, linear_backend)
             # Dropout before masking equals fairseq's mask-then-dropout: dropped zeros stay zero.
             x = F.dropout(x, self.dropout, self.training)
             x = ck.conv_glu(
@@ -99,7 +107,7 @@ class Encoder(nn.Module):
                 scale=SQRT_HALF if residual is not None else None, pad_mask=mask, backend=backend,
             )
             residuals.append(x)
-        x = self.fc2(x)
+        x = self.fc2(x, linear_backend)
         if mask is not None:
             x = x.masked_fill(mask.unsqueeze(-1), 0.0)
         if torch.is_grad_enabled():  # identity forward: skip its copy at inference

@@ -163,10 +163,13 @@ class Linear(WeightNormed):
         backend request (None: the dispatcher's default), int8 weights when decoding with them."""
         if backend == NO_DISPATCH:
             return F.linear(x, self.effective_weight(), self.bias)
+        rows = x.reshape(-1, x.shape[-1])  # (B, T, K) -> (B * T, K): the ops bound rows of a 2-D input
         quantized = self.int8_weight()
         if quantized is not None:
-            return self.int8_product()(x, *quantized, self.bias, backend=backend, **self.int8_extra())
-        return ck.linear(x, self.effective_weight(), self.bias, backend=backend)
+            y = self.int8_product()(rows, *quantized, self.bias, backend=backend, **self.int8_extra())
+        else:
+            y = ck.linear(rows, self.effective_weight(), self.bias, backend=backend)
+        return y.view(*x.shape[:-1], y.shape[-1])
 
     def _int8_matrix(self) -> torch.Tensor:
         return self.effective_weight()

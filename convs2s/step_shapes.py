@@ -1,6 +1,6 @@
-"""The weights one decoding step multiplies, named as the kernel choice keys them
-(:mod:`convs2s_kernels.tune`), so that the decoder can have the few-row kernels measured against
-the GEMM for exactly its shapes before it decodes."""
+"""The weights one decoding step (and one encoding of a short batch) multiplies, named as the
+kernel choice keys them (:mod:`convs2s_kernels.tune`), so that the model can have the few-row
+kernels measured against the GEMM for exactly its shapes before it translates."""
 
 from __future__ import annotations
 
@@ -69,3 +69,12 @@ def step_weight_shapes(decoder: nn.Module) -> List[Shape]:
     to be timed as cold as the step leaves it: after the step's whole weight set (stream_mb)."""
     stream = stream_mb(step_weight_bytes(decoder))
     return list(dict.fromkeys(s for m in step_weight_modules(decoder) for s in _shape(m, stream)))
+
+
+def encoder_weight_shapes(encoder: nn.Module) -> List[Shape]:
+    """The shapes an encoding multiplies (fc1, residual projections, convolutions, fc2), timed as
+    cold as one encoding leaves them: after the encoder's whole weight set. A sentence or two is a
+    few dozen rows, where the few-row kernels can beat the GEMM."""
+    modules = [encoder.fc1, *[p for p in encoder.projections if p is not None], *encoder.convolutions, encoder.fc2]
+    stream = stream_mb(sum(_weight_bytes(m) for m in modules))
+    return list(dict.fromkeys(s for m in modules for s in _shape(m, stream)))

@@ -1,8 +1,9 @@
 // Convolution (causal or centred) + bias + GLU + residual + scale on the CPU, forward and backward.
 //
-// The product is one GEMM through ATen (MKL / oneDNN): the k shifted input rows of every output
-// step are laid side by side (im2col, padding and the encoder's pad mask applied while copying),
-// so (B*T, k*C_in) @ (k*C_in, 2C) is the whole convolution with the weight in fairseq's
+// The product is one matrix product (ATen's GEMM, or the few-row kernel where measured faster:
+// small_gemm.h): the k shifted input rows of every output step are laid side by side (im2col,
+// padding and the encoder's pad mask applied while copying), so (B*T, k*C_in) @ (k*C_in, 2C) is
+// the whole convolution with the weight in fairseq's
 // (k, C_in, 2C) layout, unpermuted. Everything else is one pass over memory, parallel over rows:
 // the GLU epilogue (bias comes with the GEMM) and, backward, the fused GLU/scale derivative, then
 // two GEMMs (weight and input gradients) and a col2im gather that needs no atomics.
@@ -15,6 +16,7 @@
 #include "common.h"
 #include "kernels.h"
 #include "glu.h"
+#include "small_gemm.h"
 
 namespace convs2s {
 
@@ -131,7 +133,9 @@ std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& 
     im2col<scalar_t>(x.data_ptr<scalar_t>(), pad, g, cols.data_ptr<scalar_t>());
   });
   const at::Tensor w2 = weight.view({g.k * g.c_in, 2 * g.c_out});
-  at::Tensor pre = bias.has_value() ? at::addmm(*bias, cols, w2) : at::mm(cols, w2);
+  // A short batch (an encoder's sentence or two: a few dozen rows) is a few-row product against a
+  // large weight, where the measured choice streams the weight once instead of packing it.
+  at::Tensor pre = measured_product(cols, w2, bias, /*w_is_nk=*/false);
   at::Tensor out = new_output({g.B, g.T, g.c_out}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "conv_glu_epilogue", [&] {
     glu_epilogue<scalar_t>(pre.data_ptr<scalar_t>(), residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr,

@@ -104,8 +104,24 @@ template <typename W> CONVS2S_INLINE void prefetch_lines(const W* p, int64_t off
 
 // ---- (K, N) weights (the linearised conv weight): broadcast x[m, k] times weight row pieces ----
 
-// Weight rows a panel sweeps at a time (kn_panel).
+const Isa kIsa = kernel_isa();
+
+// Weight rows a panel sweeps at a time (kn_panel): KC, or at AVX-512 KC_WIDE from
+// kWideChunkRows rows on. Few rows are memory-bound: 16 rows walked side by side are 16 streams
+// the hardware prefetchers follow. Many rows are compute-bound: each tile stores and reloads its
+// accumulators once per chunk, and a 64-row chunk (16 KB of a 64-column piece, still in L1 for
+// the next row tile) amortises that 4x. fconv_wmt_en_fr's conv weights, cold, AVX-512: KC_WIDE
+// 10-16% faster at 20-30 rows (fp32; bf16 weights 11-18% at 16-35), alike at 16, 3-26% slower
+// at 5-12 rows; AVX2 (16-column tiles): 34% slower at 16 rows, 10% at 25, 6% faster at 35, so
+// AVX2 keeps KC (bench/results/xeon-amx-2c).
 constexpr int64_t KC = 16;
+constexpr int64_t KC_WIDE = 64;
+constexpr int64_t kWideChunkRows = 16;
+CONVS2S_INLINE int64_t kn_chunk(int64_t rows) {
+  return kIsa == Isa::avx512 && rows >= kWideChunkRows ? KC_WIDE : KC;
+}
+// The (K, N) kernel prefetches the weight rows this far ahead of the row it reads.
+constexpr int64_t kKnPrefetchAhead = 16;
 
 // Tile: rows [r, r + M) x columns [c, c + VT * lanes), k in [k0, k1); accumulators start from y
 // (partial sums of earlier K chunks) unless this is the first chunk.
@@ -119,8 +135,8 @@ CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, 
   for (int64_t k = k0; k < k1; ++k) {
     V wv[VT];
     for (int v = 0; v < VT; ++v) wv[v] = load<V>(g.w + k * g.N + c + v * L);
-    // the same columns KC rows on: the next chunk's piece of this tile
-    if constexpr (kPrefetch<M>) prefetch_lines(g.w, (k + KC) * g.N + c, VT * L * sizeof(W));
+    // the same columns kKnPrefetchAhead rows on (with KC rows a chunk: the next chunk's piece)
+    if constexpr (kPrefetch<M>) prefetch_lines(g.w, (k + kKnPrefetchAhead) * g.N + c, VT * L * sizeof(W));
     for (int m = 0; m < M; ++m) {
       const float xv = x[m * g.ldx + k];
       for (int v = 0; v < VT; ++v) acc[m][v] += xv * wv[v];
@@ -130,16 +146,17 @@ CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, 
     for (int v = 0; v < VT; ++v) store<V>(g.y + (r + m) * g.ldy + c + v * L, acc[m][v]);
 }
 
-// Columns [n0, n1) of every row (one thread's panel). K is swept in chunks of KC weight rows,
-// each chunk across the whole panel: KC sequential streams that the hardware prefetchers follow
+// Columns [n0, n1) of every row (one thread's panel). K is swept in chunks of kc weight rows
+// (kn_chunk), each chunk across the whole panel: kc sequential streams that the hardware prefetchers follow
 // (a narrow column block walked down K jumps a page per row and starves them), and each tile's
-// KC x width piece is still in L1 when the next row tile reads it. Partial sums wait in y.
+// kc x width piece is still in L1 when the next row tile reads it. Partial sums wait in y.
 template <typename V, int MT, int VT, typename W>
 CONVS2S_INLINE void kn_panel(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {
   constexpr int L = Vec<V>::lanes;
   static_assert(MT >= 1 && MT <= 8, "CONVS2S_ROWS_SWITCH dispatches tiles of 1..8 rows");
-  for (int64_t k0 = 0; k0 < g.K; k0 += KC) {
-    const int64_t k1 = std::min(g.K, k0 + KC);
+  const int64_t kc = kn_chunk(rows);
+  for (int64_t k0 = 0; k0 < g.K; k0 += kc) {
+    const int64_t k1 = std::min(g.K, k0 + kc);
     const bool first = k0 == 0;
     int64_t c = n0;
     for (; c + VT * L <= n1; c += VT * L)
@@ -247,8 +264,6 @@ CONVS2S_DEFINE_VARIANT(avx2, __attribute__((target("avx2,fma"))), v8, 6, 2, 4, 2
 #endif
 CONVS2S_DEFINE_VARIANT(base, , v8, 2, 2, 2, 2)
 
-const Isa kIsa = kernel_isa();
-
 // Column blocks of 64 per task: every thread streams whole 256-byte pieces of each weight row.
 constexpr int64_t kBlock = 64;
 
@@ -294,7 +309,8 @@ constexpr int64_t kSplitKMinWeights = int64_t(1) << 18;
 template <typename W>
 void kn_split_k(const Gemm<W>& g, int64_t rows, int threads) {
   const int64_t K = g.K, N = g.N;
-  const int64_t half = (K / 2 + KC - 1) / KC * KC;  // whole chunks in the first half
+  const int64_t kc = kn_chunk(rows);
+  const int64_t half = (K / 2 + kc - 1) / kc * kc;  // whole chunks in the first half
   const int64_t groups = threads / 2;
   const int64_t blocks = (N + kBlock - 1) / kBlock, per_group = (blocks + groups - 1) / groups;
   std::unique_ptr<float[]> part(new float[rows * N]);
@@ -326,7 +342,7 @@ void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const W* w, int64_
   RECORD_FUNCTION("convs2s::few_rows_kn", std::vector<c10::IValue>());
   const Gemm<W> g{x, ldx, w, K, N, b, s, y, ldy};
   const int threads = at::get_num_threads();
-  if (threads >= 2 && K >= 2 * KC && K * N >= kSplitKMinWeights && !at::in_parallel_region())
+  if (threads >= 2 && K >= 2 * kn_chunk(rows) && K * N >= kSplitKMinWeights && !at::in_parallel_region())
     return kn_split_k(g, rows, threads);
   // one contiguous panel of whole 64-column blocks per thread
   const int64_t blocks = (N + kBlock - 1) / kBlock;

@@ -115,13 +115,14 @@ def cpp_linear_up_to_8_rows():
 
 def test_rows_are_labelled_by_what_ran(tmp_path, cpp_linear_up_to_8_rows):
     """With cpp ``linear`` limited to 8 rows, at beam 5 with two sentences its projections fall
-    back to the reference, and the row says so (cpp*), with the calls counted per op."""
+    back to the reference, and the row says so (cpp*), with the calls counted per op. (One word a
+    sentence: the encoder's linear layers take every source step, 2 x 2 rows.)"""
     import convs2s_kernels as ck
 
     if ck.available_backends()["cpp"] is not None:
         pytest.fail(f"the cpp backend is required here: {ck.available_backends()['cpp']}")
     src = tmp_path / "src.txt"
-    src.write_text("two equal length\nsentences of three\n")
+    src.write_text("two\nwords\n")
     result = run(arch="fconv_iwslt_de_en", vocab=64, source=str(src), mode="full", beams=[5, 1],
                  backends=["reference", "cpp"], decoders=["plain"], repeats=1, log=lambda m: None)
     rows = {(r["backend"], r["beam"]): r for r in result["rows"]}

@@ -1,7 +1,7 @@
 """Kernel choice by measurement (convs2s_kernels.tune): the rule that turns timings into row
 counts, the per-machine cache (written atomically; corrupt or stale files ignored with a
 warning), measuring only what is missing, CONVS2S_TUNE=0, the CLI, and the decoder asking for
-exactly its step's weight shapes."""
+exactly its step's weight shapes (and the encoder, translating, for its own)."""
 
 import json
 import subprocess
@@ -16,7 +16,7 @@ from convs2s_kernels.extension import native
 from harness import require_or_skip
 
 from convs2s.model import build_model
-from convs2s.step_shapes import step_weight_shapes
+from convs2s.step_shapes import encoder_weight_shapes, step_weight_shapes
 
 
 @pytest.fixture
@@ -164,6 +164,28 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     with torch.no_grad():
         model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2)
     assert asked == [int8]
+
+
+def test_the_encoder_asks_for_its_weight_shapes_only_when_translating(fresh, monkeypatch):
+    model = build_model("fconv_iwslt_de_en", 50, 60).eval()
+    names = [s.name for s in encoder_weight_shapes(model.encoder)]
+    enc = model.encoder
+    enc_bytes = 4 * (256 * 256 + 256 * 256 + sum(conv.kernel_width * conv.in_channels * conv.out_channels
+                                                  for conv in enc.convolutions))  # fc1, convolutions, fc2
+    stream = f"@{tune.stream_mb(enc_bytes)}MB"
+    assert names == ["nk:float32:256x256" + stream, "kn:float32:768x512" + stream]  # fc1 = fc2's shape; the convs
+    asked = []
+    monkeypatch.setattr("convs2s.encoder.ensure_kernel_choice", lambda s: asked.append([x.name for x in s]))
+    src = torch.tensor([[5, 6, 2]])
+    with torch.no_grad():
+        want = model.encode(src)
+    assert asked == [names]
+    model.encode(src)  # with gradients (training, scoring): plain PyTorch, nothing to choose
+    assert asked == [names]
+    model.use_backend("reference")
+    with torch.no_grad():
+        ref = model.encode(src)
+    torch.testing.assert_close(want.z, ref.z, atol=1e-5, rtol=1e-4)  # the cpp products against the reference
 
 
 def test_an_unwritable_cache_warns_and_keeps_the_choice_for_this_process(fresh, monkeypatch):

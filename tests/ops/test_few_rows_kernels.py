@@ -1,6 +1,6 @@
 """The few-row kernels themselves (``csrc/small_gemm.cpp``), called raw at every row count they
 take: one register tile, its remainders, several tiles (1..16, 23, 24, 31, 48, 63, 64 rows);
-ragged K and N (vector lanes, 64-column blocks, the 16-row K chunks of the (K, N) layout); rows
+ragged K and N (vector lanes, 64-column blocks, the 16- and 64-row K chunks of the (K, N) layout); rows
 with a stride; fp32, bf16 and int8 weights; both weight layouts; and, in a subprocess, every
 lower instruction-set level (``CONVS2S_KERNELS_ISA``). Then the measured choice routes calls the
 way it says. Tolerances: fp32 against float64 within 1e-4 relative (sums of up to ~1000 products
@@ -19,7 +19,10 @@ from convs2s_kernels.tune import forget
 from harness import require_or_skip
 
 ROWS = list(range(1, 17)) + [23, 24, 31, 48, 63, 64]
-SHAPES = [(1, 5), (16, 16), (33, 70), (40, 88), (300, 129), (517, 1030)]  # (K, N); 88: a one-vector tile at AVX2
+# (K, N); 88: a one-vector tile at AVX2; 517 x 1030, 130 x 2050: large enough that two threads
+# split K (a ragged last chunk; from 16 rows on a second half of 2 weight rows); 100 x 2700: K too
+# short to split in 64-row chunks
+SHAPES = [(1, 5), (16, 16), (33, 70), (40, 88), (300, 129), (517, 1030), (130, 2050), (100, 2700)]
 
 
 @pytest.fixture
