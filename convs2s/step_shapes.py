@@ -64,17 +64,21 @@ def step_weight_modules(decoder: nn.Module) -> List[nn.Module]:
             decoder.fc2, decoder.fc3]
 
 
+def _shapes_read_together(modules: List[nn.Module]) -> List[Shape]:
+    """The shapes of ``modules`` that run the kernels, in order (no repeats), each to be timed as
+    cold as reading all of them leaves it: after their whole weight set (stream_mb)."""
+    stream = stream_mb(sum(_weight_bytes(m) for m in modules))
+    return list(dict.fromkeys(s for m in modules for s in _shape(m, stream)))
+
+
 def step_weight_shapes(decoder: nn.Module) -> List[Shape]:
-    """The shapes of :func:`step_weight_modules` that run the kernels, in order (no repeats), each
-    to be timed as cold as the step leaves it: after the step's whole weight set (stream_mb)."""
-    stream = stream_mb(step_weight_bytes(decoder))
-    return list(dict.fromkeys(s for m in step_weight_modules(decoder) for s in _shape(m, stream)))
+    """The shapes of :func:`step_weight_modules`, timed as cold as the step leaves them."""
+    return _shapes_read_together(step_weight_modules(decoder))
 
 
 def encoder_weight_shapes(encoder: nn.Module) -> List[Shape]:
     """The shapes an encoding multiplies (fc1, residual projections, convolutions, fc2), timed as
-    cold as one encoding leaves them: after the encoder's whole weight set. A sentence or two is a
-    few dozen rows, where the few-row kernels can beat the GEMM."""
-    modules = [encoder.fc1, *[p for p in encoder.projections if p is not None], *encoder.convolutions, encoder.fc2]
-    stream = stream_mb(sum(_weight_bytes(m) for m in modules))
-    return list(dict.fromkeys(s for m in modules for s in _shape(m, stream)))
+    cold as one encoding leaves them. A sentence or two is a few dozen rows, where the few-row
+    kernels can beat the GEMM."""
+    return _shapes_read_together([encoder.fc1, *[p for p in encoder.projections if p is not None],
+                                  *encoder.convolutions, encoder.fc2])

@@ -298,9 +298,9 @@ void small_gemm_nk(int64_t rows, const float* x, int64_t ldx, const W* w, int64_
 }
 
 // The (K, N) kernel splits K between pairs of threads when the weight is large enough (and the
-// call is not already inside a parallel region): each thread then sweeps whole weight rows, 16
-// consecutive rows (one contiguous stretch of memory) at a time, where a split by columns gave
-// each thread 16 half-rows. fconv_wmt_en_fr's conv weights, 2 threads, builds alternated: fp32
+// call is not already inside a parallel region): each thread then sweeps whole weight rows, a
+// chunk of consecutive rows (one contiguous stretch of memory; kn_chunk) at a time, where a split
+// by columns gave each thread 16 half-rows. fconv_wmt_en_fr's conv weights, 2 threads, builds alternated: fp32
 // 3-10% faster at 2-24 rows (AVX-512; AVX2 1-6%), bf16 11-15% at 5-16 rows, one row alike. The
 // second half's partial sums wait in a buffer that a last pass adds, with scale and bias. Beyond
 // two threads the pairs split the columns.
