@@ -1,7 +1,7 @@
 """Kernel choice by measurement: for each weight shape a decoding step multiplies, at which row
 counts the few-row streaming kernels (``csrc/small_gemm.cpp``) beat ATen's GEMM (MKL / oneDNN).
 
-Both candidates are timed side by side, interleaved, at row buckets 1..64, on weights as cold as a
+Both candidates are timed side by side, in alternating blocks of calls, at row buckets 1..64, on weights as cold as a
 decoding step finds them: a step reads its whole weight set between two uses of one weight, so a
 shape carries that set's size (``stream_mb``) and each call takes the next of enough copies to
 fill it. (Timed on one weight kept hot in cache, the GEMM won from 8 rows on shapes where, in
@@ -128,19 +128,25 @@ def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], obj
     return lambda: C.small_gemm_kn(x, kernel_w(), b), lambda: torch.addmm(b, x, gemm_w())
 
 
-def time_pair(fns: Sequence[Callable[[], object]], repeats: int = 7, budget_s: float = 0.5) -> List[float]:
-    """Median seconds of each function, calls interleaved (a, b, a, b, ...) after one warm-up
-    each, so that clock and cache drift touch both alike; fewer repeats when calls are slow."""
-    for fn in fns:
-        fn()
+def time_pair(fns: Sequence[Callable[[], object]], rounds: int = 3, per_block: int = 4,
+              budget_s: float = 0.5) -> List[float]:
+    """Median seconds of each function, timed in blocks: each round runs every function
+    ``per_block`` times in a row after one untimed call, rounds alternating the functions so that
+    clock and cache drift touch both alike; fewer rounds when calls are slow. In blocks, each
+    call follows calls of its own kind, as in a step that runs one kind throughout: alternated
+    call by call, a few-row kernel right after a cold GEMM ran up to 1.9x slower than after
+    itself or after a pause (2 threads, Xeon), so that interleaving crowned the GEMM at 2-12 rows
+    on shapes where, in the step, the kernel was twice as fast (bench/results/xeon-amx-2c)."""
     samples: List[List[float]] = [[] for _ in fns]
     deadline = time.perf_counter() + budget_s
-    for i in range(repeats):
+    for i in range(rounds):
         for fn, out in zip(fns, samples):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-        if i >= 2 and time.perf_counter() > deadline:
+            fn()  # the first call after the other function carries the switch
+            for _ in range(per_block):
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
+        if i >= 1 and time.perf_counter() > deadline:
             break
     return [statistics.median(s) for s in samples]
 
@@ -161,7 +167,7 @@ def kernel_rows(timings: Dict[int, Tuple[float, float]], cap: int) -> List[bool]
 
 def measure(shape: Shape, buckets: Iterable[int] = ROW_BUCKETS) -> dict:
     """Time both candidates at every bucket (up to the kernels' row cap) until the kernel has lost
-    at two buckets in a row; a loss is timed again with more repeats before it counts (one noisy
+    at two buckets in a row; a loss is timed again with more rounds before it counts (one noisy
     sample must not decide). The entry holds the timings (microseconds, kernel then GEMM)."""
     cap = native().few_rows_max()
     timings: Dict[int, Tuple[float, float]] = {}
@@ -170,7 +176,7 @@ def measure(shape: Shape, buckets: Iterable[int] = ROW_BUCKETS) -> dict:
         fns = candidates(shape, rows)
         timings[rows] = tuple(time_pair(fns))
         if timings[rows][0] > timings[rows][1]:
-            timings[rows] = tuple(time_pair(fns, repeats=15, budget_s=1.0))
+            timings[rows] = tuple(time_pair(fns, rounds=5, budget_s=1.0))
         losses = losses + 1 if timings[rows][0] > timings[rows][1] else 0
         if losses == 2:
             break

@@ -24,7 +24,7 @@ from . import env
 from .atomic_files import atomic_write_text
 from .extension import small_gemm_isa
 
-SCHEMA = 1
+SCHEMA = 2  # 2: candidates timed in blocks (tune.time_pair), not call by call
 DIR_ENV = "CONVS2S_TUNE_CACHE"
 
 

@@ -123,10 +123,16 @@ CONVS2S_INLINE int64_t kn_chunk(int64_t rows) {
 // The (K, N) kernel prefetches the weight rows this far ahead of the row it reads.
 constexpr int64_t kKnPrefetchAhead = 16;
 
+// Where a tile's weight vectors come from: the weight itself (`stream`), the weight with a
+// widened copy of the tile's chunk piece kept in a small contiguous buffer for the row tiles
+// after it (`stream_and_pack`), or that buffer (`packed`).
+enum class KnSource { stream, stream_and_pack, packed };
+
 // Tile: rows [r, r + M) x columns [c, c + VT * lanes), k in [k0, k1); accumulators start from y
 // (partial sums of earlier K chunks) unless this is the first chunk.
-template <typename V, int M, int VT, typename W>
-CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, int64_t k1, bool first) {
+template <typename V, int M, int VT, KnSource kSrc = KnSource::stream, typename W>
+CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, int64_t k1, bool first,
+                            float* pack = nullptr) {
   constexpr int L = Vec<V>::lanes;
   V acc[M][VT];
   for (int m = 0; m < M; ++m)
@@ -134,9 +140,19 @@ CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, 
   const float* x = g.x + r * g.ldx;
   for (int64_t k = k0; k < k1; ++k) {
     V wv[VT];
-    for (int v = 0; v < VT; ++v) wv[v] = load<V>(g.w + k * g.N + c + v * L);
-    // the same columns kKnPrefetchAhead rows on (with KC rows a chunk: the next chunk's piece)
-    if constexpr (kPrefetch<M>) prefetch_lines(g.w, (k + kKnPrefetchAhead) * g.N + c, VT * L * sizeof(W));
+    if constexpr (kSrc == KnSource::packed) {
+      for (int v = 0; v < VT; ++v) wv[v] = load<V>(pack + (k - k0) * VT * L + v * L);
+    } else {
+      for (int v = 0; v < VT; ++v) wv[v] = load<V>(g.w + k * g.N + c + v * L);
+      if constexpr (kSrc == KnSource::stream_and_pack)
+        for (int v = 0; v < VT; ++v) store<V>(pack + (k - k0) * VT * L + v * L, wv[v]);
+    }
+    // the same columns kKnPrefetchAhead rows on (with KC rows a chunk: the next chunk's piece);
+    // a packed tile asks again for the lines the first tile asked for (4-10% faster at 8-15 rows
+    // than the first tile alone, fconv_wmt_en_fr's conv weights; asking for the chunk after next
+    // instead was 10-20% slower)
+    if constexpr (kPrefetch<M> || kSrc == KnSource::packed)
+      prefetch_lines(g.w, (k + kKnPrefetchAhead) * g.N + c, VT * L * sizeof(W));
     for (int m = 0; m < M; ++m) {
       const float xv = x[m * g.ldx + k];
       for (int v = 0; v < VT; ++v) acc[m][v] += xv * wv[v];
@@ -146,25 +162,51 @@ CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, 
     for (int v = 0; v < VT; ++v) store<V>(g.y + (r + m) * g.ldy + c + v * L, acc[m][v]);
 }
 
+// Rows cut into tiles of at most MT, as even as can be (15 rows: 5 + 5 + 5, not 6 + 6 + 3): a
+// small last tile reads every weight vector and prefetch line for few FMAs. (K, N) kernel, conv
+// weights, AVX-512: 3-7% faster at 15 rows, 3-8% at 20, alike elsewhere; the (N, K) kernel
+// measured alike and keeps its tiles. A loop over tiles, not a function taking a lambda: a
+// lambda's body is compiled without the caller's target attribute (the (N, K) kernel ran 3-6x
+// slower so).
+struct EvenTiles {
+  int64_t count, base, extra;
+  EvenTiles(int64_t rows, int64_t most) : count((rows + most - 1) / most), base(rows / count), extra(rows % count) {}
+  int64_t rows(int64_t t) const { return base + (t < extra); }
+};
+
 // Columns [n0, n1) of every row (one thread's panel). K is swept in chunks of kc weight rows
 // (kn_chunk), each chunk across the whole panel: kc sequential streams that the hardware prefetchers follow
-// (a narrow column block walked down K jumps a page per row and starves them), and each tile's
-// kc x width piece is still in L1 when the next row tile reads it. Partial sums wait in y.
+// (a narrow column block walked down K jumps a page per row and starves them). Partial sums wait
+// in y. With more rows than one tile and KC rows a chunk, the first row tile copies its chunk
+// piece (widened to float32) into a contiguous buffer that the next row tiles read: weight rows
+// a multiple of 2-4 KB apart (N of 1024-8192 floats) fall into a few L1 sets, more lines than
+// their ways, so the piece re-read in place came back from L2. fconv_wmt_en_fr's conv weights,
+// cold, 2 threads: fp32 4-10% faster at 8-15 rows (AVX2 3-11%), bf16 weights 15-21%; at the wide
+// chunk (25 rows) the copy cost more than it saved.
 template <typename V, int MT, int VT, typename W>
 CONVS2S_INLINE void kn_panel(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {
   constexpr int L = Vec<V>::lanes;
   static_assert(MT >= 1 && MT <= 8, "CONVS2S_ROWS_SWITCH dispatches tiles of 1..8 rows");
+  alignas(64) float pack[KC * VT * L];
   const int64_t kc = kn_chunk(rows);
+  const bool packing = rows > MT && kc == KC;
+  const EvenTiles tiles(rows, MT);
   for (int64_t k0 = 0; k0 < g.K; k0 += kc) {
     const int64_t k1 = std::min(g.K, k0 + kc);
     const bool first = k0 == 0;
     int64_t c = n0;
     for (; c + VT * L <= n1; c += VT * L)
-      for (int64_t r = 0; r < rows; r += MT)
-        CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (kn_tile<V, M, VT>(g, r, c, k0, k1, first)))
+      for (int64_t t = 0, r = 0; t < tiles.count; r += tiles.rows(t), ++t) {
+        if (!packing)
+          CONVS2S_ROWS_SWITCH(tiles.rows(t), MT, (kn_tile<V, M, VT>(g, r, c, k0, k1, first)))
+        else if (t == 0)
+          CONVS2S_ROWS_SWITCH(tiles.rows(t), MT, (kn_tile<V, M, VT, KnSource::stream_and_pack>(g, r, c, k0, k1, first, pack)))
+        else
+          CONVS2S_ROWS_SWITCH(tiles.rows(t), MT, (kn_tile<V, M, VT, KnSource::packed>(g, r, c, k0, k1, first, pack)))
+      }
     for (; c + L <= n1; c += L)
-      for (int64_t r = 0; r < rows; r += MT)
-        CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (kn_tile<V, M, 1>(g, r, c, k0, k1, first)))
+      for (int64_t t = 0, r = 0; t < tiles.count; r += tiles.rows(t), ++t)
+        CONVS2S_ROWS_SWITCH(tiles.rows(t), MT, (kn_tile<V, M, 1>(g, r, c, k0, k1, first)))
     for (; c < n1; ++c) {  // ragged edge
       for (int64_t m = 0; m < rows; ++m) {
         float sum = first ? 0.f : g.y[m * g.ldy + c];

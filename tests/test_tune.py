@@ -51,6 +51,19 @@ def test_measure_times_both_candidates_until_the_kernel_loses(fresh):
     assert all(len(v) == 2 and min(v) > 0 for v in entry["timings"].values())
 
 
+def test_candidates_are_timed_in_blocks_of_their_own_calls():
+    """Each round runs one candidate per_block + 1 times in a row (the first untimed), then the
+    other: a kernel timed right after a cold GEMM call ran up to 1.9x slower than after itself."""
+    calls = []
+    fns = [lambda: calls.append("k"), lambda: calls.append("g")]
+    medians = tune.time_pair(fns, rounds=3, per_block=4, budget_s=60.0)
+    assert "".join(calls) == ("k" * 5 + "g" * 5) * 3
+    assert len(medians) == 2 and all(m >= 0 for m in medians)
+    calls.clear()
+    tune.time_pair(fns, rounds=5, per_block=2, budget_s=0.0)  # out of time: stops after the second round
+    assert "".join(calls) == ("kkk" + "ggg") * 2
+
+
 def test_ensure_measures_what_is_missing_once_then_reads_the_cache(fresh, monkeypatch):
     calls = []
     monkeypatch.setattr(tune, "measure", _fake_measure(calls))
