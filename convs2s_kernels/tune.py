@@ -129,24 +129,25 @@ def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], obj
 
 
 def time_pair(fns: Sequence[Callable[[], object]], rounds: int = 3, per_block: int = 4,
-              budget_s: float = 0.5) -> List[float]:
+              budget_s: float = 0.5, clock: Callable[[], float] = time.perf_counter) -> List[float]:
     """Median seconds of each function, timed in blocks: each round runs every function
     ``per_block`` times in a row after one untimed call, rounds alternating the functions so that
     clock and cache drift touch both alike; fewer rounds when calls are slow. In blocks, each
     call follows calls of its own kind, as in a step that runs one kind throughout: alternated
-    call by call, a few-row kernel right after a cold GEMM ran up to 1.9x slower than after
-    itself or after a pause (2 threads, Xeon), so that interleaving crowned the GEMM at 2-12 rows
-    on shapes where, in the step, the kernel was twice as fast (bench/results/xeon-amx-2c)."""
+    call by call, a few-row kernel right after a cold GEMM ran 1.6-1.9x slower than after itself
+    or after a pause (2 threads, Xeon), so that interleaving crowned the GEMM at 5-11 rows on
+    shapes where, in the step, the kernel was twice as fast (bench/results/xeon-amx-2c).
+    ``clock``: seconds, for tests."""
     samples: List[List[float]] = [[] for _ in fns]
-    deadline = time.perf_counter() + budget_s
+    deadline = clock() + budget_s
     for i in range(rounds):
         for fn, out in zip(fns, samples):
             fn()  # the first call after the other function carries the switch
             for _ in range(per_block):
-                t0 = time.perf_counter()
+                t0 = clock()
                 fn()
-                out.append(time.perf_counter() - t0)
-        if i >= 1 and time.perf_counter() > deadline:
+                out.append(clock() - t0)
+        if i >= 1 and clock() > deadline:
             break
     return [statistics.median(s) for s in samples]
 

@@ -6,7 +6,8 @@
 // read every weight from memory once, in its stored layout, and keep a register tile of
 // accumulators (rows x columns) sized to the instruction set's register file: 32 zmm for
 // AVX-512, 16 ymm for AVX2. Rows beyond one tile re-read the same weight block from L1/L2 (the
-// block is cut along K so that it stays there), never from memory. Written with GCC/Clang vector
+// block is cut along K so that it stays there; the (K, N) kernel reads a packed copy of it below
+// 16 rows a chunk), never from memory. Written with GCC/Clang vector
 // extensions and compiled three times (AVX-512, AVX2+FMA, baseline), the best chosen at run time.
 
 #include "small_gemm.h"
@@ -109,8 +110,8 @@ const Isa kIsa = kernel_isa();
 // Weight rows a panel sweeps at a time (kn_panel): KC, or at AVX-512 KC_WIDE from
 // kWideChunkRows rows on. Few rows are memory-bound: 16 rows walked side by side are 16 streams
 // the hardware prefetchers follow. Many rows are compute-bound: each tile stores and reloads its
-// accumulators once per chunk, and a 64-row chunk (16 KB of a 64-column piece, still in L1 for
-// the next row tile) amortises that 4x. fconv_wmt_en_fr's conv weights, cold, AVX-512: KC_WIDE
+// accumulators once per chunk, and a 64-row chunk (16 KB of a 64-column piece, re-read from L1
+// or L2 by the next row tile) amortises that 4x. fconv_wmt_en_fr's conv weights, cold, AVX-512: KC_WIDE
 // 10-16% faster at 20-30 rows (fp32; bf16 weights 11-18% at 16-35), alike at 16, 3-26% slower
 // at 5-12 rows; AVX2 (16-column tiles): 34% slower at 16 rows, 10% at 25, 6% faster at 35, so
 // AVX2 keeps KC (bench/results/xeon-amx-2c).
@@ -148,10 +149,9 @@ CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, 
         for (int v = 0; v < VT; ++v) store<V>(pack + (k - k0) * VT * L + v * L, wv[v]);
     }
     // the same columns kKnPrefetchAhead rows on (with KC rows a chunk: the next chunk's piece);
-    // a packed tile asks again for the lines the first tile asked for (4-10% faster at 8-15 rows
-    // than the first tile alone, fconv_wmt_en_fr's conv weights; asking for the chunk after next
-    // instead was 10-20% slower)
-    if constexpr (kPrefetch<M> || kSrc == KnSource::packed)
+    // packed tiles too ask for the lines the first tile asked for, as every tile did before the
+    // packing (asking for the chunk after next instead was 10-20% slower at 8-15 rows)
+    if constexpr (kPrefetch<M>)
       prefetch_lines(g.w, (k + kKnPrefetchAhead) * g.N + c, VT * L * sizeof(W));
     for (int m = 0; m < M; ++m) {
       const float xv = x[m * g.ldx + k];
@@ -164,10 +164,10 @@ CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, 
 
 // Rows cut into tiles of at most MT, as even as can be (15 rows: 5 + 5 + 5, not 6 + 6 + 3): a
 // small last tile reads every weight vector and prefetch line for few FMAs. (K, N) kernel, conv
-// weights, AVX-512: 3-7% faster at 15 rows, 3-8% at 20, alike elsewhere; the (N, K) kernel
+// weights, AVX-512: 1-3% faster at 15 rows, 6-8% at 20, alike elsewhere; the (N, K) kernel
 // measured alike and keeps its tiles. A loop over tiles, not a function taking a lambda: a
 // lambda's body is compiled without the caller's target attribute (the (N, K) kernel ran 3-6x
-// slower so).
+// slower so, bench/results/xeon-amx-2c).
 struct EvenTiles {
   int64_t count, base, extra;
   EvenTiles(int64_t rows, int64_t most) : count((rows + most - 1) / most), base(rows / count), extra(rows % count) {}
@@ -179,9 +179,9 @@ struct EvenTiles {
 // (a narrow column block walked down K jumps a page per row and starves them). Partial sums wait
 // in y. With more rows than one tile and KC rows a chunk, the first row tile copies its chunk
 // piece (widened to float32) into a contiguous buffer that the next row tiles read: weight rows
-// a multiple of 2-4 KB apart (N of 1024-8192 floats) fall into a few L1 sets, more lines than
-// their ways, so the piece re-read in place came back from L2. fconv_wmt_en_fr's conv weights,
-// cold, 2 threads: fp32 4-10% faster at 8-15 rows (AVX2 3-11%), bf16 weights 15-21%; at the wide
+// 4-32 KB apart (N of 1024-8192 floats) fall into a few L1 sets, more lines than their ways, so
+// the piece re-read in place came back from L2. fconv_wmt_en_fr's conv weights, cold, 2 threads:
+// fp32 4-10% faster at 8-15 rows (AVX2 5-11% at 8-25), bf16 weights 15-21%; at AVX-512's 64-row
 // chunk (25 rows) the copy cost more than it saved.
 template <typename V, int MT, int VT, typename W>
 CONVS2S_INLINE void kn_panel(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {
