@@ -141,12 +141,13 @@ CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, 
   const float* x = g.x + r * g.ldx;
   for (int64_t k = k0; k < k1; ++k) {
     V wv[VT];
+    const int64_t piece = (k - k0) * VT * L;  // this weight row's place in the packed buffer
     if constexpr (kSrc == KnSource::packed) {
-      for (int v = 0; v < VT; ++v) wv[v] = load<V>(pack + (k - k0) * VT * L + v * L);
+      for (int v = 0; v < VT; ++v) wv[v] = load<V>(pack + piece + v * L);
     } else {
       for (int v = 0; v < VT; ++v) wv[v] = load<V>(g.w + k * g.N + c + v * L);
       if constexpr (kSrc == KnSource::stream_and_pack)
-        for (int v = 0; v < VT; ++v) store<V>(pack + (k - k0) * VT * L + v * L, wv[v]);
+        for (int v = 0; v < VT; ++v) store<V>(pack + piece + v * L, wv[v]);
     }
     // the same columns kKnPrefetchAhead rows on (with KC rows a chunk: the next chunk's piece);
     // packed tiles too ask for the lines the first tile asked for, as every tile did before the
