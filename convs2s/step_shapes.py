@@ -9,7 +9,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from convs2s_kernels.tune import Shape, stream_mb
+from convs2s_kernels.tune import Shape, stream_mb, w8a8_has_choice
 
 from .layers import ConvTBCWeight, WeightNormed
 
@@ -44,15 +44,16 @@ def step_weight_bytes(decoder: nn.Module) -> int:
 
 def _shape(module: nn.Module, stream: int) -> List[Shape]:
     """int8 weights are quantised per output row, (N, K), whatever the float form; with int8
-    activations there is no choice to measure."""
+    activations, form w8a8 (the project's int8 kernels or the library's int8 GEMM), where the
+    library's sums are exact (else there is no choice to measure)."""
     dims = _dims(module)
     if dims is None:
         return []
     form, K, N = dims
     if module.use_int8:
-        # int8 activations run linear_w8a8, whose kernel follows thresholds measured once per kernel
-        # (csrc/linear_w8a8_cpu.cpp: AMX from 2 rows on a packed weight, ...): nothing for the tuner
-        return [] if module.int8_activations else [Shape("nk", "int8", K, N, stream)]
+        if module.int8_activations:
+            return [Shape("w8a8", "int8", K, N, stream)] if w8a8_has_choice() else []
+        return [Shape("nk", "int8", K, N, stream)]
     dtype = _DTYPES.get(module.bias.dtype)
     return [] if dtype is None else [Shape(form, dtype, K, N, stream)]  # float64: the kernels do not take it
 

@@ -1,5 +1,7 @@
 """Kernel choice by measurement: for each weight shape a decoding step multiplies, at which row
-counts the few-row streaming kernels (``csrc/small_gemm.cpp``) beat ATen's GEMM (MKL / oneDNN).
+counts the few-row streaming kernels (``csrc/small_gemm.cpp``) beat ATen's GEMM (MKL / oneDNN),
+and for int8 weights times int8 activations (form ``w8a8``), at which the project's int8 kernels
+(``csrc/linear_w8a8_cpu.cpp``, on the packed weight) beat the library's int8 GEMM (``_int_mm``).
 
 Both candidates are timed side by side, in alternating blocks of calls, at row buckets 1..64, on weights as cold as a
 decoding step finds them: a step reads its whole weight set between two uses of one weight, so a
@@ -37,7 +39,8 @@ from .extension import native, unavailable_reason
 
 ENV = "CONVS2S_TUNE"
 ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-FORMS = {"nk": 0, "kn": 1}  # (N, K) nn.Linear weights; (K, N) linearised conv weights
+# (N, K) nn.Linear weights; (K, N) linearised conv weights; (N, K) int8 weights times int8 activations
+FORMS = {"nk": 0, "kn": 1, "w8a8": 2}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 _applied: Dict[str, dict] = {}  # shape name -> entry handed to the extension in this process
 _unmeasured: set = set()  # shapes looked up and left at the default (measuring off), under _applied_key
@@ -63,6 +66,8 @@ class Shape:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.form == "kn" and self.dtype == "int8":
             raise ValueError("int8 weights are stored (N, K): form nk")
+        if self.form == "w8a8" and self.dtype != "int8":
+            raise ValueError(f"form w8a8 multiplies int8 weights, got {self.dtype}")
         if self.K < 1 or self.N < 1:
             raise ValueError(f"K and N must be positive, got {self.K}x{self.N}")
         if self.stream_mb < 0 or self.stream_mb & (self.stream_mb - 1):
@@ -107,16 +112,35 @@ def _cycle(items: list) -> Callable[[], object]:
     return take
 
 
+def w8a8_has_choice() -> bool:
+    """Whether int8 x int8 products have a choice to measure here: the library's int8 GEMM sums
+    exactly on this CPU (else the project's kernels take every call)."""
+    return unavailable_reason() is None and bool(native().linear_w8a8_library_exact())
+
+
 def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], object], Callable[[], object]]:
-    """``(few-row kernel, ATen GEMM)`` for ``rows`` rows of this shape, each a no-argument call.
+    """``(few-row kernel, ATen GEMM)`` for ``rows`` rows of this shape, each a no-argument call
+    (w8a8: the project's int8 kernel on the packed weight, the library's int8 GEMM).
     With ``stream_mb``, each call (of either) multiplies the next of as many copies of the weight as
     fill it, so that every call reads a weight that the others pushed out of the caches, as in a step."""
     C = native()
     x, w, b = _operands(shape, rows, torch.Generator().manual_seed(seed))
     copies = max(1, -(-(shape.stream_mb << 20) // shape.weight_bytes))
     pool = [w] + [tuple(t.clone() for t in w) if isinstance(w, tuple) else w.clone() for _ in range(copies - 1)]
+    if shape.form == "w8a8":  # the packed layout the decoder hands the kernels, made once per weight
+        from .ops.linear_w8a8.reference import pack_w8a8_weight
+        pool = [(q, s, pack_w8a8_weight(q)) for q, s in pool]
     # one cycle for both: the GEMM must not read the copy the kernel has just brought into cache
     kernel_w = gemm_w = _cycle(pool)
+    if shape.form == "w8a8":
+        own = C.linear_w8a8_kernel(rows, shape.K, shape.N, True, False)  # what the choice "kernel" runs
+
+        def w8a8(kernel: int) -> Callable[[], object]:
+            def call():
+                q, s, packed = kernel_w()
+                return C.linear_w8a8_with(x, q, s, b, kernel, packed)
+            return call
+        return w8a8(own), w8a8(2)
     if shape.dtype == "int8":
         # the GEMM side of an int8 weight: dequantise, then the float GEMM (what the extension does)
         def dequantised_gemm():

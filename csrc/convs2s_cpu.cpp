@@ -58,7 +58,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           convs2s::set_few_rows_choice(form, convs2s::weight_dtype(dtype), K, N, kernel_rows);
         },
         "which row counts (1..few_rows_max) the few-row kernels take for this weight shape (form 0: (N, K), "
-        "1: (K, N)); the others run ATen's GEMM",
+        "1: (K, N)); the others run ATen's GEMM (form 2: int8 (N, K) times int8 activations, the library's int8 GEMM)",
         py::arg("form"), py::arg("dtype"), py::arg("K"), py::arg("N"), py::arg("kernel_rows"));
   m.def("clear_few_rows_choices", &convs2s::clear_few_rows_choices, "forget every measured choice");
   m.def("few_rows_choices", &convs2s::few_rows_choices, "(form, dtype, K, N, kernel_rows) of every measured shape");
@@ -90,7 +90,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("packed") = py::none());
   m.def("linear_w8a8_isa", &convs2s::linear_w8a8_isa, "the kernel linear_w8a8 runs on this CPU");
   m.def("linear_w8a8_library_exact", &convs2s::linear_w8a8_library_exact,
-        "whether the math library's int8 GEMM sums exactly here (linear_w8a8 then takes it from 10 rows)");
+        "whether the math library's int8 GEMM sums exactly here (linear_w8a8 may then take it: see linear_w8a8_kernel)");
+  m.def("linear_w8a8_kernel", &convs2s::linear_w8a8_kernel,
+        "the kernel linear_w8a8 runs for M rows of an (N, K) int8 weight (0 reducing, 1 packed blocks, 2 the "
+        "library's int8 GEMM, 3 AMX): by the measured kernel choice (form 2), the packed weight and the CPU; "
+        "allow_library=False: the project's own kernel",
+        py::arg("M"), py::arg("K"), py::arg("N"), py::arg("has_packed"), py::arg("allow_library") = true);
   m.def("decoder_layers_step", &convs2s::decoder_layers_step,
         "every decoder layer of one step (folded attention) in one call: (x, attn or None, *new_states)");
   m.def("small_gemm_isa", &convs2s::small_gemm_isa, "instruction set of the few-row kernels on this CPU");

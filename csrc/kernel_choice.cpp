@@ -42,12 +42,14 @@ bool use_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, 
   if (rows < 1 || rows > kSmallGemmMaxRows) return false;
   std::lock_guard<std::mutex> guard(choices_mutex());
   const auto it = choices().find(key_of(static_cast<int64_t>(form), weight_dtype, K, N));
-  return it == choices().end() ? rows <= kDefaultFewRows : it->second[rows - 1];
+  if (it != choices().end()) return it->second[rows - 1];
+  return rows <= (form == Form::w8a8 ? kDefaultW8a8KernelRows : kDefaultFewRows);
 }
 
 void set_few_rows_choice(int64_t form, at::ScalarType weight_dtype, int64_t K, int64_t N,
                          const std::vector<bool>& kernel_rows) {
-  TORCH_CHECK(form == 0 || form == 1, "form is 0 (nk) or 1 (kn)");
+  TORCH_CHECK(form >= 0 && form <= 2, "form is 0 (nk), 1 (kn) or 2 (w8a8)");
+  TORCH_CHECK(form != 2 || weight_dtype == at::kChar, "form 2 (w8a8) takes int8 weights");
   TORCH_CHECK(static_cast<int64_t>(kernel_rows.size()) == kSmallGemmMaxRows, "the choice needs one entry per row count 1..",
               kSmallGemmMaxRows);
   std::lock_guard<std::mutex> guard(choices_mutex());

@@ -1,5 +1,6 @@
 // Which product runs a call with few rows: the streaming kernels (small_gemm.cpp) or ATen's GEMM
-// (MKL / oneDNN). The crossover depends on the CPU, its instruction set, the thread count and
+// (MKL / oneDNN); for int8 x int8 products (linear_w8a8_cpu.cpp), the project's kernels or the
+// library's int8 GEMM. The crossover depends on the CPU, its instruction set, the thread count and
 // the weight's shape, so it is measured (convs2s_kernels.tune) and set here per weight shape; a
 // shape never measured takes the kernels up to kDefaultFewRows rows.
 #pragma once
@@ -12,12 +13,17 @@
 
 namespace convs2s {
 
-// The weight's layout: (N, K) as nn.Linear stores it, or (K, N) as the linearised conv weight.
-enum class Form : int64_t { nk = 0, kn = 1 };
+// The weight's layout: (N, K) as nn.Linear stores it, or (K, N) as the linearised conv weight;
+// w8a8: an int8 (N, K) weight times int8 activations (linear_w8a8).
+enum class Form : int64_t { nk = 0, kn = 1, w8a8 = 2 };
 
 constexpr int64_t kDefaultFewRows = 8;
+// linear_w8a8 on a shape never measured: the library's int8 GEMM (where its sums are exact) from
+// 10 rows, the crossover measured on the Xeon of bench/results/xeon-amx-2c.
+constexpr int64_t kDefaultW8a8KernelRows = 9;
 
-// True when `rows` rows against this weight should run on the few-row kernels.
+// True when `rows` rows against this weight should run on the few-row kernels (w8a8: the
+// project's kernels, not the library's).
 bool use_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, int64_t rows);
 
 // Measured choices (convs2s_kernels.tune): kernel_rows[r - 1] says whether r rows run the few-row

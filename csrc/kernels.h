@@ -59,9 +59,12 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
                             const c10::optional<at::Tensor>& packed);
 // "amx-int8", "avx512-vnni", "avx2" or "baseline": the kernel linear_w8a8 runs on this CPU.
 const char* linear_w8a8_isa();
-// Whether the math library's int8 GEMM gives exact sums here (then linear_w8a8 uses it from 10 rows
-// where AMX on a packed weight does not take the call).
+// Whether the math library's int8 GEMM gives exact sums here (then linear_w8a8 may use it, at the
+// rows the kernel choice gives it, where AMX on a packed weight does not take the call).
 bool linear_w8a8_library_exact();
+// The kernel linear_w8a8_with(kernel=-1) runs for M rows of an (N, K) weight (0 reducing, 1
+// packed blocks, 2 the library's int8 GEMM, 3 AMX); without allow_library, the project's own.
+int64_t linear_w8a8_kernel(int64_t M, int64_t K, int64_t N, bool has_packed, bool allow_library);
 std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& z, const at::Tensor& y,
                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad);
 std::vector<at::Tensor> attention_backward(const at::Tensor& dctx, const at::Tensor& q, const at::Tensor& z,

@@ -24,6 +24,7 @@
 
 #include "common.h"
 #include "isa.h"
+#include "kernel_choice.h"
 #include "row_tiles.h"
 #include "small_gemm.h"
 #include "vec.h"
@@ -183,6 +184,16 @@ void w8a8_base(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
 
 #define CONVS2S_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
 
+// Sums of u8 x s8 products, 4 per int32 lane (vpdpbusd): acc + u8 . s8. Accumulators are GCC
+// vectors (I32x16) passed by value, not __m512i updated through the intrinsic: that way GCC 12
+// kept the packed kernel's 5 x 4 tile on the stack, loaded and stored around every vpdpbusd,
+// wherever the tile was instantiated for several row counts in one function.
+typedef Vec<v16>::i32 I32x16;
+CONVS2S_VNNI CONVS2S_INLINE I32x16 dpbusd(I32x16 acc, __m512i u8, __m512i s8) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "vm"(s8));
+  return acc;
+}
+
 // The 16 int32 lanes of a folded to 4.
 CONVS2S_VNNI inline __m128i fold4(__m512i a) {
   const __m256i s = _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
@@ -195,7 +206,8 @@ CONVS2S_VNNI inline __m128i hsum4(__m512i a0, __m512i a1, __m512i a2, __m512i a3
 }
 
 // v[j], or zeros past the tile's NT vectors.
-CONVS2S_VNNI inline __m512i pick(const __m512i* v, int j, int NT) { return j < NT ? v[j] : _mm512_setzero_si512(); }
+template <int NT>
+CONVS2S_VNNI CONVS2S_INLINE __m512i pick(const I32x16 (&v)[NT], int j) { return j < NT ? __m512i(v[j]) : _mm512_setzero_si512(); }
 
 // Up to 16 columns from n on (`left` of them real): their mask, weight scales and bias, loaded
 // once for every row of a tile.
@@ -221,10 +233,10 @@ CONVS2S_VNNI inline void finish16(const Operands& g, int64_t m, int64_t n, const
 // Rows [r, r + MT) x weight rows [n, n + NT): MT and NT compile-time, so the accumulators live in registers.
 template <int MT, int NT>
 CONVS2S_VNNI inline void vnni_tile(const Operands& g, int64_t r, int64_t n, int32_t* wsum, bool first) {
-  __m512i acc[MT][NT], ws[NT];
+  I32x16 acc[MT][NT], ws[NT];
   for (int j = 0; j < NT; ++j) {
-    ws[j] = _mm512_setzero_si512();
-    for (int m = 0; m < MT; ++m) acc[m][j] = _mm512_setzero_si512();
+    ws[j] = I32x16{};
+    for (int m = 0; m < MT; ++m) acc[m][j] = I32x16{};
   }
   const __m512i ones = _mm512_set1_epi8(1);
   const int8_t* w = g.w + n * g.K;
@@ -234,19 +246,19 @@ CONVS2S_VNNI inline void vnni_tile(const Operands& g, int64_t r, int64_t n, int3
     __m512i wv[NT];
     for (int j = 0; j < NT; ++j) wv[j] = _mm512_maskz_loadu_epi8(mask, w + j * g.K + k);
     if (first)
-      for (int j = 0; j < NT; ++j) ws[j] = _mm512_dpbusd_epi32(ws[j], ones, wv[j]);
+      for (int j = 0; j < NT; ++j) ws[j] = dpbusd(ws[j], ones, wv[j]);
     for (int m = 0; m < MT; ++m) {
       const __m512i xv = _mm512_loadu_si512(x + m * g.Kp + k);
-      for (int j = 0; j < NT; ++j) acc[m][j] = _mm512_dpbusd_epi32(acc[m][j], xv, wv[j]);
+      for (int j = 0; j < NT; ++j) acc[m][j] = dpbusd(acc[m][j], xv, wv[j]);
     }
   }
   if (first)
     for (int j = 0; j < NT; j += 4)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(wsum + j), hsum4(ws[j], pick(ws, j + 1, NT), pick(ws, j + 2, NT),
-                                                                    pick(ws, j + 3, NT)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(wsum + j), hsum4(__m512i(ws[j]), pick(ws, j + 1), pick(ws, j + 2),
+                                                                    pick(ws, j + 3)));
   for (int m = 0; m < MT; ++m)
     for (int j = 0; j < NT; j += 4) {
-      const __m128i sums = hsum4(acc[m][j], pick(acc[m], j + 1, NT), pick(acc[m], j + 2, NT), pick(acc[m], j + 3, NT));
+      const __m128i sums = hsum4(__m512i(acc[m][j]), pick(acc[m], j + 1), pick(acc[m], j + 2), pick(acc[m], j + 3));
       const __m128i excess = _mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wsum + j)), 7);
       finish_upto4(g, r + m, n + j, std::min(4, NT - j), _mm_sub_epi32(sums, excess));
     }
@@ -307,10 +319,10 @@ template <int MT>
 CONVS2S_VNNI inline void packed_tile(const Operands& g, const int8_t* buf, int64_t K4, int64_t r, int64_t n0,
                                      int64_t cols, __m512i* wsum, bool first) {
   constexpr int V = kPackedCols / 16;
-  __m512i acc[MT][V], ws[V];
+  I32x16 acc[MT][V], ws[V];
   for (int v = 0; v < V; ++v) {
-    ws[v] = _mm512_setzero_si512();
-    for (int m = 0; m < MT; ++m) acc[m][v] = _mm512_setzero_si512();
+    ws[v] = I32x16{};
+    for (int m = 0; m < MT; ++m) acc[m][v] = I32x16{};
   }
   const __m512i ones = _mm512_set1_epi8(1);
   const uint8_t* x = g.xu + r * g.Kp;
@@ -318,19 +330,19 @@ CONVS2S_VNNI inline void packed_tile(const Operands& g, const int8_t* buf, int64
     __m512i wv[V];
     for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_si512(buf + (k4 * kPackedCols + 16 * v) * 4);
     if (first)
-      for (int v = 0; v < V; ++v) ws[v] = _mm512_dpbusd_epi32(ws[v], ones, wv[v]);
+      for (int v = 0; v < V; ++v) ws[v] = dpbusd(ws[v], ones, wv[v]);
     for (int m = 0; m < MT; ++m) {
       int32_t four;
       std::memcpy(&four, x + m * g.Kp + 4 * k4, 4);
       const __m512i xb = _mm512_set1_epi32(four);
-      for (int v = 0; v < V; ++v) acc[m][v] = _mm512_dpbusd_epi32(acc[m][v], xb, wv[v]);
+      for (int v = 0; v < V; ++v) acc[m][v] = dpbusd(acc[m][v], xb, wv[v]);
     }
   }
   if (first)
-    for (int v = 0; v < V; ++v) wsum[v] = _mm512_slli_epi32(ws[v], 7);
+    for (int v = 0; v < V; ++v) wsum[v] = _mm512_slli_epi32(__m512i(ws[v]), 7);
   for (int v = 0; v < V && 16 * v < cols; ++v) {
     const Columns16 c = columns16(g, n0 + 16 * v, cols - 16 * v);
-    for (int m = 0; m < MT; ++m) finish16(g, r + m, n0 + 16 * v, c, _mm512_sub_epi32(acc[m][v], wsum[v]));
+    for (int m = 0; m < MT; ++m) finish16(g, r + m, n0 + 16 * v, c, _mm512_sub_epi32(__m512i(acc[m][v]), wsum[v]));
   }
 }
 
@@ -524,20 +536,34 @@ CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, 
 #endif  // CONVS2S_X86
 
 // ---- many rows: the math library's int8 GEMM, where its sums are exact ----
-// torch._int_mm (oneDNN) multiplies int8 by int8 into int32: with AMX-INT8 or VNNI it beats the
-// VNNI kernels above from about ten rows on (3-7x at 32-640 rows on the Xeon of bench/results/
-// xeon-amx-2c), though not the AMX kernel on a packed weight (which it loses to by 2-4x: it
-// rearranges the weight on every call). Without VNNI oneDNN multiplies with vpmaddubsw, whose
-// int16 pairs saturate, and its sums are not exact; so it is used only where a probe with saturating values comes out
-// exact (once per process), and the kernels above run elsewhere.
-constexpr int64_t kLibraryMinRows = 10;
+// torch._int_mm (oneDNN) multiplies int8 by int8 into int32, rearranging the weight on every call.
+// Where it beats the kernels depends on the CPU and the shape, so it is measured per weight shape
+// (kernel_choice.h, form w8a8; convs2s_kernels.tune): on the Xeon of bench/results/xeon-amx-2c
+// from about ten rows against the reducing VNNI kernel (3-7x at 32-640 rows; the AMX kernel on a
+// packed weight beat it 2-4x); on a Zen 4 (VNNI, no AMX) the packed VNNI kernel on the caller's
+// packed weight beat it at every row count 1-64 on fconv_wmt_en_fr's shapes (1.3-3.6x, cold,
+// bench/results/amd-epyc-2c). Without VNNI oneDNN multiplies with vpmaddubsw, whose
+// int16 pairs saturate, and its sums are not exact; so it is used only where a probe with
+// saturating values comes out exact (once per process), and the kernels above run elsewhere.
 // Rows from which a kernel on the caller's packed weight beats the others (measured on the Xeon of
 // bench/results/xeon-amx-2c, decoder shapes K 512-4096, N 1024-40000): AMX from 2 rows (1.0-1.3x
 // the reducing VNNI kernel at 2 rows, 2-4x the best other from 5 on; at 1 row up to 1.5x slower),
 // the AVX2 packed kernel from 12 (0.7-0.9x the reducing one from 12, up to 2.5x slower at 1).
-// With VNNI but no AMX the packed block kernel runs where packing per call already paid.
+// The packed VNNI kernel on the caller's packed weight beat the reducing one at every row count on
+// a Zen 4 (1.3-3x at 1-25 rows, fconv_wmt_en_fr's shapes, bench/results/amd-epyc-2c): no sums to
+// reduce, and one contiguous stream per 64-column block where the reducing kernel walks 4 rows.
 constexpr int64_t kAmxMinRows = 2;
 constexpr int64_t kAvx2PackedMinRows = 12;
+
+enum W8a8Kernel : int64_t { kReducing = 0, kPacked = 1, kLibrary = 2, kAmx = 3 };
+
+// The project's own kernel for M rows (never the library).
+int64_t own_w8a8_kernel(int64_t M, int64_t K, bool has_packed) {
+  if (has_packed && M >= kAmxMinRows && kernel_has_amx_int8()) return kAmx;
+  if (kernel_has_vnni()) return has_packed || packed_pays(M, K) ? kPacked : kReducing;
+  if (kernel_isa() != Isa::base && has_packed && M >= kAvx2PackedMinRows) return kPacked;
+  return kReducing;
+}
 
 bool library_sums_exact() {
   static const bool exact = [] {
@@ -601,6 +627,12 @@ const char* linear_w8a8_isa() {
 
 bool linear_w8a8_library_exact() { return library_sums_exact(); }
 
+int64_t linear_w8a8_kernel(int64_t M, int64_t K, int64_t N, bool has_packed, bool allow_library) {
+  const int64_t own = own_w8a8_kernel(M, K, has_packed);
+  if (own == kAmx || !allow_library) return own;  // AMX: the weight's bytes are the only cost
+  return !use_few_rows(Form::w8a8, at::kChar, K, N, M) && library_sums_exact() ? kLibrary : own;
+}
+
 void check_packed(const at::Tensor& packed, int64_t N, int64_t K) {
   const int64_t blocks = (N + kPackedCols - 1) / kPackedCols, K4 = packed_k4(K);
   TORCH_CHECK(packed.scalar_type() == at::kChar && packed.is_contiguous() && packed.dim() == 4 &&
@@ -631,14 +663,9 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
   const at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const bool vnni = kernel_has_vnni();
   const Isa isa = kernel_isa();
-  // AMX tiles on a packed weight whenever the CPU has them: the weight's bytes are the only cost
-  const bool amx = kernel == 3 || (kernel < 0 && packed.has_value() && M >= kAmxMinRows && kernel_has_amx_int8());
-  const bool library = !amx && (kernel == 2 || (kernel < 0 && M >= kLibraryMinRows && library_sums_exact()));
-  // The packed block kernel: VNNI where packing per call pays (reading the caller's packed weight
-  // if there is one), AVX2 on the caller's packed weight from kAvx2PackedMinRows; the baseline has one kernel.
-  const bool use_packed =
-      kernel == 1 || (kernel < 0 && (vnni ? packed_pays(M, K)
-                                          : packed.has_value() && isa != Isa::base && M >= kAvx2PackedMinRows));
+  const int64_t chosen = kernel >= 0 ? kernel : linear_w8a8_kernel(M, K, N, packed.has_value(), true);
+  const bool amx = chosen == kAmx, library = chosen == kLibrary;
+  const bool use_packed = chosen == kPacked;  // the packed block kernel (VNNI or AVX2; the baseline has one kernel)
   // the kernels read whole vectors (one spare: full loads never leave the buffer) and AMX whole
   // 16-row tiles (zero rows past M); the library takes the signed rows alone, unpadded
   const int64_t Kp = library ? K : (K + kPad - 1) / kPad * kPad + kPad;

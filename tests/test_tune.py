@@ -120,6 +120,8 @@ def test_bad_shapes_name_the_problem():
         tune.Shape("nk", "float32", 4, 4, stream_mb=96)
     with pytest.raises(ValueError, match="@<MB>MB"):
         tune.parse_shape("nk:float32:4x4@96GB")
+    with pytest.raises(ValueError, match="form w8a8 multiplies int8 weights"):
+        tune.Shape("w8a8", "float32", 4, 4)
     streamed = tune.Shape("nk", "int8", 512, 40000, stream_mb=128)
     assert streamed.name == "nk:int8:512x40000@128MB" and tune.parse_shape(streamed.name) == streamed
 
@@ -153,6 +155,27 @@ def test_candidates_read_a_fresh_copy_of_the_weight_each_call(fresh, monkeypatch
         assert torch.equal(out, outs[0])  # copies, not other weights
 
 
+def test_the_w8a8_choice_picks_the_library_or_the_kernels_per_row_count(fresh):
+    """Form w8a8: the measured rows decide between the project's int8 kernel and the library's int8
+    GEMM (only where the library's sums are exact); both candidates give the same products bit for
+    bit (exact int32 sums, one rounding)."""
+    C = native()
+    K, N = 96, 80
+    own = [C.linear_w8a8_kernel(m, K, N, True, False) for m in range(1, 65)]
+    assert 2 not in own and all(k in (0, 1, 3) for k in own)
+    if C.linear_w8a8_isa() == "avx512-vnni":
+        assert own == [1] * 64, "VNNI without AMX: the packed kernel on a packed weight at every row count"
+    C.set_few_rows_choice(2, "int8", K, N, [m <= 5 or m == 20 for m in range(1, 65)])
+    chosen = [C.linear_w8a8_kernel(m, K, N, True) for m in range(1, 65)]
+    library = tune.w8a8_has_choice()
+    want = [own[m - 1] if m <= 5 or m == 20 or not library else 2 for m in range(1, 65)]
+    assert chosen == want
+    with pytest.raises(RuntimeError, match="w8a8.*int8"):
+        C.set_few_rows_choice(2, "float32", K, N, [True] * 64)
+    kernel, gemm = tune.candidates(tune.Shape("w8a8", "int8", K, N), rows=7)
+    assert torch.equal(kernel(), gemm())
+
+
 def test_cli_prints_the_table_and_refuses_bad_shapes(fresh):
     env = dict(__import__("os").environ, **{tune_cache.DIR_ENV: str(fresh)})
     run = lambda *a: subprocess.run([sys.executable, "-m", "convs2s_kernels.tune", *a], capture_output=True,  # noqa: E731
@@ -177,7 +200,11 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     assert names[0] == "nk:float32:256x256" + stream and names[-1] == "nk:float32:256x60" + stream  # fc1 ... fc3
     assert "kn:float32:768x512" + stream in names  # a 256-channel convolution of width 3: (3 * 256, 2 * 256)
     model.quantize_decoder_int8()
-    assert step_weight_shapes(model.decoder) == [], "int8 activations: linear_w8a8 has no kernel choice"
+    w8a8 = [s.name for s in step_weight_shapes(model.decoder)]
+    if tune.w8a8_has_choice():  # the project's int8 kernels against the library's int8 GEMM
+        assert "w8a8:int8:768x512@2MB" in w8a8 and all(n.startswith("w8a8:int8:") for n in w8a8)
+    else:  # the library's int8 sums are not exact here: the kernels take every call
+        assert w8a8 == []
     model.quantize_decoder_int8(activations="float")
     int8 = [s.name for s in step_weight_shapes(model.decoder)]
     assert "nk:int8:768x512@2MB" in int8 and all(":int8:" in n for n in int8)  # a quarter of the bytes
