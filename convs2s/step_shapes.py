@@ -44,8 +44,7 @@ def step_weight_bytes(decoder: nn.Module) -> int:
 
 def _shape(module: nn.Module, stream: int) -> List[Shape]:
     """int8 weights are quantised per output row, (N, K), whatever the float form; with int8
-    activations, form w8a8 (the project's int8 kernels or the library's int8 GEMM), where the
-    library's sums are exact (else there is no choice to measure)."""
+    activations, form w8a8 (the packed int8 kernel or its alternative, tune.w8a8_has_choice)."""
     dims = _dims(module)
     if dims is None:
         return []

@@ -1,7 +1,8 @@
 """Kernel choice by measurement: for each weight shape a decoding step multiplies, at which row
 counts the few-row streaming kernels (``csrc/small_gemm.cpp``) beat ATen's GEMM (MKL / oneDNN),
-and for int8 weights times int8 activations (form ``w8a8``), at which the project's int8 kernels
-(``csrc/linear_w8a8_cpu.cpp``, on the packed weight) beat the library's int8 GEMM (``_int_mm``).
+and for int8 weights times int8 activations (form ``w8a8``), at which the packed int8 kernel
+(``csrc/linear_w8a8_cpu.cpp``, on the packed weight) beats the library's int8 GEMM (``_int_mm``,
+where its sums are exact) or else the reducing int8 kernel.
 
 Both candidates are timed side by side, in alternating blocks of calls, at row buckets 1..64, on weights as cold as a
 decoding step finds them: a step reads its whole weight set between two uses of one weight, so a
@@ -113,14 +114,16 @@ def _cycle(items: list) -> Callable[[], object]:
 
 
 def w8a8_has_choice() -> bool:
-    """Whether int8 x int8 products have a choice to measure here: the library's int8 GEMM sums
-    exactly on this CPU (else the project's kernels take every call)."""
-    return unavailable_reason() is None and bool(native().linear_w8a8_library_exact())
+    """Whether int8 x int8 products have a choice to measure here: the packed int8 kernel (VNNI or
+    AVX2) against the library's int8 GEMM where its sums are exact, else against the reducing
+    kernel. Not with AMX (its kernel takes every call of 2 rows or more) nor on the baseline (one kernel)."""
+    return unavailable_reason() is None and native().linear_w8a8_isa() in ("avx512-vnni", "avx2")
 
 
 def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], object], Callable[[], object]]:
     """``(few-row kernel, ATen GEMM)`` for ``rows`` rows of this shape, each a no-argument call
-    (w8a8: the project's int8 kernel on the packed weight, the library's int8 GEMM).
+    (w8a8: the packed int8 kernel on the packed weight, and its alternative: the library's int8
+    GEMM where its sums are exact, else the reducing kernel).
     With ``stream_mb``, each call (of either) multiplies the next of as many copies of the weight as
     fill it, so that every call reads a weight that the others pushed out of the caches, as in a step."""
     C = native()
@@ -133,14 +136,12 @@ def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], obj
     # one cycle for both: the GEMM must not read the copy the kernel has just brought into cache
     kernel_w = gemm_w = _cycle(pool)
     if shape.form == "w8a8":
-        own = C.linear_w8a8_kernel(rows, shape.K, shape.N, True, False)  # what the choice "kernel" runs
-
         def w8a8(kernel: int) -> Callable[[], object]:
             def call():
                 q, s, packed = kernel_w()
                 return C.linear_w8a8_with(x, q, s, b, kernel, packed)
             return call
-        return w8a8(own), w8a8(2)
+        return w8a8(1), w8a8(C.linear_w8a8_alternative())
     if shape.dtype == "int8":
         # the GEMM side of an int8 weight: dequantise, then the float GEMM (what the extension does)
         def dequantised_gemm():

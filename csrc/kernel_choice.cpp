@@ -42,8 +42,12 @@ bool use_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, 
   if (rows < 1 || rows > kSmallGemmMaxRows) return false;
   std::lock_guard<std::mutex> guard(choices_mutex());
   const auto it = choices().find(key_of(static_cast<int64_t>(form), weight_dtype, K, N));
-  if (it != choices().end()) return it->second[rows - 1];
-  return rows <= (form == Form::w8a8 ? kDefaultW8a8KernelRows : kDefaultFewRows);
+  return it == choices().end() ? rows <= kDefaultFewRows : it->second[rows - 1];
+}
+
+bool has_few_rows_choice(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N) {
+  std::lock_guard<std::mutex> guard(choices_mutex());
+  return choices().count(key_of(static_cast<int64_t>(form), weight_dtype, K, N)) > 0;
 }
 
 void set_few_rows_choice(int64_t form, at::ScalarType weight_dtype, int64_t K, int64_t N,

@@ -18,13 +18,12 @@ namespace convs2s {
 enum class Form : int64_t { nk = 0, kn = 1, w8a8 = 2 };
 
 constexpr int64_t kDefaultFewRows = 8;
-// linear_w8a8 on a shape never measured: the library's int8 GEMM (where its sums are exact) from
-// 10 rows, the crossover measured on the Xeon of bench/results/xeon-amx-2c.
-constexpr int64_t kDefaultW8a8KernelRows = 9;
 
-// True when `rows` rows against this weight should run on the few-row kernels (w8a8: the
-// project's kernels, not the library's).
+// True when `rows` rows against this weight should run on the few-row kernels (w8a8: the packed
+// int8 kernel, linear_w8a8_cpu.cpp).
 bool use_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, int64_t rows);
+// Whether this weight shape has a measured choice.
+bool has_few_rows_choice(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N);
 
 // Measured choices (convs2s_kernels.tune): kernel_rows[r - 1] says whether r rows run the few-row
 // kernels, for r in 1..kSmallGemmMaxRows.

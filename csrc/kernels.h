@@ -63,8 +63,11 @@ const char* linear_w8a8_isa();
 // rows the kernel choice gives it, where AMX on a packed weight does not take the call).
 bool linear_w8a8_library_exact();
 // The kernel linear_w8a8_with(kernel=-1) runs for M rows of an (N, K) weight (0 reducing, 1
-// packed blocks, 2 the library's int8 GEMM, 3 AMX); without allow_library, the project's own.
-int64_t linear_w8a8_kernel(int64_t M, int64_t K, int64_t N, bool has_packed, bool allow_library);
+// packed blocks, 2 the library's int8 GEMM, 3 AMX).
+int64_t linear_w8a8_kernel(int64_t M, int64_t K, int64_t N, bool has_packed);
+// What a measured choice (form w8a8) runs where the packed kernel lost: the library where its
+// sums are exact (2), else the reducing kernel (0).
+int64_t linear_w8a8_alternative();
 std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& z, const at::Tensor& y,
                                           const c10::optional<at::Tensor>& src_lengths, bool left_pad);
 std::vector<at::Tensor> attention_backward(const at::Tensor& dctx, const at::Tensor& q, const at::Tensor& z,

@@ -445,13 +445,15 @@ CONVS2S_AVX2 inline __m256i load_weight(const int8_t* w, int64_t k, int64_t K) {
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
 }
 
-CONVS2S_AVX2 inline __m256i pick(const __m256i* v, int j, int NT) { return j < NT ? v[j] : _mm256_setzero_si256(); }
+typedef Vec<v8>::i32 I32x8;
+template <int NT>
+CONVS2S_AVX2 CONVS2S_INLINE __m256i pick(const I32x8 (&v)[NT], int j) { return j < NT ? __m256i(v[j]) : _mm256_setzero_si256(); }
 
 template <int MT, int NT>
 CONVS2S_AVX2 inline void avx2_tile(const Operands& g, int64_t r, int64_t n) {
-  __m256i acc[MT][NT];
+  I32x8 acc[MT][NT];
   for (int m = 0; m < MT; ++m)
-    for (int j = 0; j < NT; ++j) acc[m][j] = _mm256_setzero_si256();
+    for (int j = 0; j < NT; ++j) acc[m][j] = I32x8{};
   const __m256i ones = _mm256_set1_epi16(1);
   const int8_t* w = g.w + n * g.K;
   for (int64_t k = 0; k < g.K; k += 32) {
@@ -463,14 +465,14 @@ CONVS2S_AVX2 inline void avx2_tile(const Operands& g, int64_t r, int64_t n) {
       const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.xu + off));
       for (int j = 0; j < NT; ++j) {
         const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv[j], xs));
-        acc[m][j] = _mm256_add_epi32(acc[m][j], _mm256_madd_epi16(pairs, ones));
+        acc[m][j] += I32x8(_mm256_madd_epi16(pairs, ones));
       }
     }
   }
   for (int m = 0; m < MT; ++m)
     for (int j = 0; j < NT; j += 4)
       finish_upto4(g, r + m, n + j, std::min(4, NT - j),
-                   hsum4(acc[m][j], pick(acc[m], j + 1, NT), pick(acc[m], j + 2, NT), pick(acc[m], j + 3, NT)));
+                   hsum4(__m256i(acc[m][j]), pick(acc[m], j + 1), pick(acc[m], j + 2), pick(acc[m], j + 3)));
 }
 
 CONVS2S_AVX2 void w8a8_avx2(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
@@ -490,9 +492,9 @@ template <int MT>
 CONVS2S_AVX2 inline void avx2_packed_tile(const Operands& g, const int8_t* buf, int64_t K4, int64_t r, int64_t n,
                                           int64_t cols) {
   constexpr int V = 4;
-  __m256i acc[MT][V];
+  I32x8 acc[MT][V];  // GCC vectors, as the VNNI tiles' (dpbusd): __m256i ones were kept on the stack
   for (int m = 0; m < MT; ++m)
-    for (int v = 0; v < V; ++v) acc[m][v] = _mm256_setzero_si256();
+    for (int v = 0; v < V; ++v) acc[m][v] = I32x8{};
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t k4 = 0; k4 < K4; ++k4) {
     __m256i wv[V];
@@ -504,18 +506,19 @@ CONVS2S_AVX2 inline void avx2_packed_tile(const Operands& g, const int8_t* buf, 
       const __m256i xs = _mm256_set1_epi32(s4), xa = _mm256_set1_epi32(a4);
       for (int v = 0; v < V; ++v) {
         const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv[v], xs));
-        acc[m][v] = _mm256_add_epi32(acc[m][v], _mm256_madd_epi16(pairs, ones));
+        acc[m][v] += I32x8(_mm256_madd_epi16(pairs, ones));
       }
     }
   }
+  // the sums leave the registers in loops of constant trip counts: finished straight from acc (a
+  // loop bounded by cols), GCC kept a copy of every accumulator on the stack, stored at every k4
+  alignas(32) int32_t sums[MT][8 * V];
   for (int m = 0; m < MT; ++m)
-    for (int v = 0; v < V; ++v)
-      for (int h = 0; h < 2; ++h) {
-        const int64_t c = 8 * v + 4 * h;
-        if (c >= cols) break;
-        const __m128i sums = h ? _mm256_extracti128_si256(acc[m][v], 1) : _mm256_castsi256_si128(acc[m][v]);
-        finish_upto4(g, r + m, n + c, static_cast<int>(std::min<int64_t>(4, cols - c)), sums);
-      }
+    for (int v = 0; v < V; ++v) _mm256_store_si256(reinterpret_cast<__m256i*>(sums[m] + 8 * v), __m256i(acc[m][v]));
+  for (int m = 0; m < MT; ++m)
+    for (int64_t c = 0; c < cols; c += 4)
+      finish_upto4(g, r + m, n + c, static_cast<int>(std::min<int64_t>(4, cols - c)),
+                   _mm_load_si128(reinterpret_cast<const __m128i*>(sums[m] + c)));
 }
 
 CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
@@ -537,33 +540,28 @@ CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, 
 
 // ---- many rows: the math library's int8 GEMM, where its sums are exact ----
 // torch._int_mm (oneDNN) multiplies int8 by int8 into int32, rearranging the weight on every call.
-// Where it beats the kernels depends on the CPU and the shape, so it is measured per weight shape
-// (kernel_choice.h, form w8a8; convs2s_kernels.tune): on the Xeon of bench/results/xeon-amx-2c
-// from about ten rows against the reducing VNNI kernel (3-7x at 32-640 rows; the AMX kernel on a
-// packed weight beat it 2-4x); on a Zen 4 (VNNI, no AMX) the packed VNNI kernel on the caller's
-// packed weight beat it at every row count 1-64 on fconv_wmt_en_fr's shapes (1.3-3.6x, cold,
-// bench/results/amd-epyc-2c). Without VNNI oneDNN multiplies with vpmaddubsw, whose
-// int16 pairs saturate, and its sums are not exact; so it is used only where a probe with
-// saturating values comes out exact (once per process), and the kernels above run elsewhere.
-// Rows from which a kernel on the caller's packed weight beats the others (measured on the Xeon of
-// bench/results/xeon-amx-2c, decoder shapes K 512-4096, N 1024-40000): AMX from 2 rows (1.0-1.3x
-// the reducing VNNI kernel at 2 rows, 2-4x the best other from 5 on; at 1 row up to 1.5x slower),
-// the AVX2 packed kernel from 12 (0.7-0.9x the reducing one from 12, up to 2.5x slower at 1).
-// The packed VNNI kernel on the caller's packed weight beat the reducing one at every row count on
-// a Zen 4 (1.3-3x at 1-25 rows, fconv_wmt_en_fr's shapes, bench/results/amd-epyc-2c): no sums to
-// reduce, and one contiguous stream per 64-column block where the reducing kernel walks 4 rows.
+// Without VNNI oneDNN multiplies with vpmaddubsw, whose int16 pairs saturate, and its sums are not
+// exact; so it is used only where a probe with saturating values comes out exact (once per
+// process), and the kernels above run elsewhere.
+//
+// Which kernel runs is measured per weight shape where the caller passes the packed weight
+// (kernel_choice.h, form w8a8; convs2s_kernels.tune): the packed kernel (VNNI or AVX2) against
+// the alternative, the library where its sums are exact, else the reducing kernel. On a Zen 4
+// (bench/results/amd-epyc-2c, fconv_wmt_en_fr's shapes, cold): the packed VNNI kernel beat the
+// library at every row count 1-64 (1.3-3.6x); capped at AVX2, the packed kernel beat the reducing
+// one at 5-20 rows on a 1024 x 1536 weight but lost at 12 rows on fc3's 40000 x 512.
+// Unmeasured shapes follow rules measured on the Xeon of bench/results/xeon-amx-2c (decoder
+// shapes K 512-4096, N 1024-40000): the library from 10 rows (3-7x the reducing VNNI kernel at
+// 32-640 rows); AMX from 2 rows on a packed weight, measured or not (1.0-1.3x the reducing VNNI
+// kernel at 2 rows, 2-4x the best other from 5 on, 2-4x the library; at 1 row up to 1.5x
+// slower); the AVX2 packed kernel from 12 (0.7-0.9x the reducing one from 12, up to 2.5x slower
+// at 1); with VNNI, the packed kernel on a packed weight at any row count (1.3-3x the reducing
+// one at 1-25 rows on the Zen 4: no sums to reduce, one contiguous stream per 64-column block).
+constexpr int64_t kLibraryMinRows = 10;
 constexpr int64_t kAmxMinRows = 2;
 constexpr int64_t kAvx2PackedMinRows = 12;
 
 enum W8a8Kernel : int64_t { kReducing = 0, kPacked = 1, kLibrary = 2, kAmx = 3 };
-
-// The project's own kernel for M rows (never the library).
-int64_t own_w8a8_kernel(int64_t M, int64_t K, bool has_packed) {
-  if (has_packed && M >= kAmxMinRows && kernel_has_amx_int8()) return kAmx;
-  if (kernel_has_vnni()) return has_packed || packed_pays(M, K) ? kPacked : kReducing;
-  if (kernel_isa() != Isa::base && has_packed && M >= kAvx2PackedMinRows) return kPacked;
-  return kReducing;
-}
 
 bool library_sums_exact() {
   static const bool exact = [] {
@@ -627,10 +625,16 @@ const char* linear_w8a8_isa() {
 
 bool linear_w8a8_library_exact() { return library_sums_exact(); }
 
-int64_t linear_w8a8_kernel(int64_t M, int64_t K, int64_t N, bool has_packed, bool allow_library) {
-  const int64_t own = own_w8a8_kernel(M, K, has_packed);
-  if (own == kAmx || !allow_library) return own;  // AMX: the weight's bytes are the only cost
-  return !use_few_rows(Form::w8a8, at::kChar, K, N, M) && library_sums_exact() ? kLibrary : own;
+int64_t linear_w8a8_alternative() { return library_sums_exact() ? kLibrary : kReducing; }
+
+int64_t linear_w8a8_kernel(int64_t M, int64_t K, int64_t N, bool has_packed) {
+  if (has_packed && M >= kAmxMinRows && kernel_has_amx_int8()) return kAmx;  // the weight's bytes are its only cost
+  if (has_packed && kernel_isa() != Isa::base && has_few_rows_choice(Form::w8a8, at::kChar, K, N))
+    return use_few_rows(Form::w8a8, at::kChar, K, N, M) ? kPacked : linear_w8a8_alternative();
+  if (M >= kLibraryMinRows && library_sums_exact()) return kLibrary;
+  if (kernel_has_vnni()) return has_packed || packed_pays(M, K) ? kPacked : kReducing;
+  if (kernel_isa() != Isa::base && has_packed && M >= kAvx2PackedMinRows) return kPacked;
+  return kReducing;
 }
 
 void check_packed(const at::Tensor& packed, int64_t N, int64_t K) {
@@ -663,7 +667,7 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
   const at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const bool vnni = kernel_has_vnni();
   const Isa isa = kernel_isa();
-  const int64_t chosen = kernel >= 0 ? kernel : linear_w8a8_kernel(M, K, N, packed.has_value(), true);
+  const int64_t chosen = kernel >= 0 ? kernel : linear_w8a8_kernel(M, K, N, packed.has_value());
   const bool amx = chosen == kAmx, library = chosen == kLibrary;
   const bool use_packed = chosen == kPacked;  // the packed block kernel (VNNI or AVX2; the baseline has one kernel)
   // the kernels read whole vectors (one spare: full loads never leave the buffer) and AMX whole

@@ -155,25 +155,33 @@ def test_candidates_read_a_fresh_copy_of_the_weight_each_call(fresh, monkeypatch
         assert torch.equal(out, outs[0])  # copies, not other weights
 
 
-def test_the_w8a8_choice_picks_the_library_or_the_kernels_per_row_count(fresh):
-    """Form w8a8: the measured rows decide between the project's int8 kernel and the library's int8
-    GEMM (only where the library's sums are exact); both candidates give the same products bit for
-    bit (exact int32 sums, one rounding)."""
+def test_the_w8a8_choice_picks_the_packed_kernel_or_its_alternative_per_row_count(fresh):
+    """Form w8a8, with a packed weight: the measured rows take the packed int8 kernel, the others
+    its alternative (the library's int8 GEMM where its sums are exact, else the reducing kernel);
+    AMX keeps every call of 2 rows or more. Both candidates give the same products bit for bit
+    (exact int32 sums, one rounding)."""
     C = native()
     K, N = 96, 80
-    own = [C.linear_w8a8_kernel(m, K, N, True, False) for m in range(1, 65)]
-    assert 2 not in own and all(k in (0, 1, 3) for k in own)
-    if C.linear_w8a8_isa() == "avx512-vnni":
-        assert own == [1] * 64, "VNNI without AMX: the packed kernel on a packed weight at every row count"
-    C.set_few_rows_choice(2, "int8", K, N, [m <= 5 or m == 20 for m in range(1, 65)])
+    alternative = C.linear_w8a8_alternative()
+    assert alternative == (2 if C.linear_w8a8_library_exact() else 0)
+    unmeasured = [C.linear_w8a8_kernel(m, K, N, True) for m in range(1, 65)]
+    if C.linear_w8a8_isa() == "avx512-vnni" and alternative == 0:
+        assert unmeasured == [1] * 64, "VNNI: the packed kernel on a packed weight at every row count"
+    measured = [m <= 5 or m == 20 for m in range(1, 65)]
+    C.set_few_rows_choice(2, "int8", K, N, measured)
     chosen = [C.linear_w8a8_kernel(m, K, N, True) for m in range(1, 65)]
-    library = tune.w8a8_has_choice()
-    want = [own[m - 1] if m <= 5 or m == 20 or not library else 2 for m in range(1, 65)]
-    assert chosen == want
+    if C.linear_w8a8_isa() == "amx-int8":
+        assert chosen[1:] == [3] * 63
+    elif tune.w8a8_has_choice():
+        assert chosen == [1 if on else alternative for on in measured]
+    else:  # the baseline: one kernel, nothing measured changes it
+        assert chosen == unmeasured
+    assert [C.linear_w8a8_kernel(m, K, N, False) for m in range(1, 65)] == [
+        C.linear_w8a8_kernel(m, K, N + 1, False) for m in range(1, 65)], "no packed weight: the choice does not apply"
     with pytest.raises(RuntimeError, match="w8a8.*int8"):
         C.set_few_rows_choice(2, "float32", K, N, [True] * 64)
-    kernel, gemm = tune.candidates(tune.Shape("w8a8", "int8", K, N), rows=7)
-    assert torch.equal(kernel(), gemm())
+    kernel, other = tune.candidates(tune.Shape("w8a8", "int8", K, N), rows=7)
+    assert torch.equal(kernel(), other())
 
 
 def test_cli_prints_the_table_and_refuses_bad_shapes(fresh):
@@ -201,9 +209,9 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     assert "kn:float32:768x512" + stream in names  # a 256-channel convolution of width 3: (3 * 256, 2 * 256)
     model.quantize_decoder_int8()
     w8a8 = [s.name for s in step_weight_shapes(model.decoder)]
-    if tune.w8a8_has_choice():  # the project's int8 kernels against the library's int8 GEMM
+    if tune.w8a8_has_choice():  # the packed int8 kernel against the library or the reducing kernel
         assert "w8a8:int8:768x512@2MB" in w8a8 and all(n.startswith("w8a8:int8:") for n in w8a8)
-    else:  # the library's int8 sums are not exact here: the kernels take every call
+    else:  # AMX or the baseline: nothing to choose
         assert w8a8 == []
     model.quantize_decoder_int8(activations="float")
     int8 = [s.name for s in step_weight_shapes(model.decoder)]
