@@ -16,17 +16,29 @@ def weight_elements(module: torch.nn.Module) -> int:
                if p.dim() >= 2 and "embed_" not in name and not name.endswith("weight_g"))
 
 
-def generation_flops(model, source_lengths: Sequence[int], target_lengths: Sequence[int], beam: int) -> float:
+def generation_flops(model, source_lengths: Sequence[int], target_lengths: Sequence[int], beam: int,
+                     folded: bool = False) -> float:
     """FLOPs of incremental beam search: the encoder once per source token, every decoder layer,
-    attention product and the vocabulary projection once per step and beam row (EOS included)."""
+    attention product and the vocabulary projection once per step and beam row (EOS included).
+    ``folded``: the work of the folded-attention decoder instead, whose attention projections are
+    multiplied into the encoder's keys and values once per sentence (z_in = z @ W_in, y_out = y @
+    W_out^T, each 2 * S * E * C), leaving per step and row the scores and the context over C
+    channels (4 * S * C a layer) in place of the projections and the products over E."""
     p_enc = weight_elements(model.encoder)
     p_dec = weight_elements(model.decoder)
     e = model.cfg.encoder_embed_dim
     n_att = model.cfg.num_attention_layers
+    if folded:
+        layers = [a for a in model.decoder.attention if a is not None]
+        p_dec -= sum(weight_elements(a) for a in layers)  # the in / out projections
+        channels = sum(a.out_projection.weight.shape[0] for a in layers)  # C of every attention layer
     total = 0.0
     for s_len, t_len in zip(source_lengths, target_lengths):
         s = s_len + 1  # EOS
-        total += 2.0 * p_enc * s + beam * t_len * (2.0 * p_dec + 4.0 * s * e * n_att)
+        if folded:
+            total += 2.0 * p_enc * s + 4.0 * s * e * channels + beam * t_len * (2.0 * p_dec + 4.0 * s * channels)
+        else:
+            total += 2.0 * p_enc * s + beam * t_len * (2.0 * p_dec + 4.0 * s * e * n_att)
     return total
 
 
