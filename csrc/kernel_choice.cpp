@@ -38,16 +38,16 @@ Key key_of(int64_t form, at::ScalarType dtype, int64_t K, int64_t N) {
 
 }  // namespace
 
-bool use_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, int64_t rows) {
-  if (rows < 1 || rows > kSmallGemmMaxRows) return false;
+std::optional<bool> measured_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, int64_t rows) {
   std::lock_guard<std::mutex> guard(choices_mutex());
   const auto it = choices().find(key_of(static_cast<int64_t>(form), weight_dtype, K, N));
-  return it == choices().end() ? rows <= kDefaultFewRows : it->second[rows - 1];
+  if (it == choices().end()) return std::nullopt;
+  return rows >= 1 && rows <= kSmallGemmMaxRows && it->second[rows - 1];  // past the measured rows: not the kernels
 }
 
-bool has_few_rows_choice(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N) {
-  std::lock_guard<std::mutex> guard(choices_mutex());
-  return choices().count(key_of(static_cast<int64_t>(form), weight_dtype, K, N)) > 0;
+bool use_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, int64_t rows) {
+  if (rows < 1 || rows > kSmallGemmMaxRows) return false;
+  return measured_few_rows(form, weight_dtype, K, N, rows).value_or(rows <= kDefaultFewRows);
 }
 
 void set_few_rows_choice(int64_t form, at::ScalarType weight_dtype, int64_t K, int64_t N,

@@ -1,12 +1,14 @@
 // Which product runs a call with few rows: the streaming kernels (small_gemm.cpp) or ATen's GEMM
-// (MKL / oneDNN); for int8 x int8 products (linear_w8a8_cpu.cpp), the project's kernels or the
-// library's int8 GEMM. The crossover depends on the CPU, its instruction set, the thread count and
+// (MKL / oneDNN); for int8 x int8 products on a packed weight (linear_w8a8_cpu.cpp), the packed
+// int8 kernel or its alternative (the library's int8 GEMM where exact, else the reducing kernel,
+// and linear_w8a8's own rules where unmeasured). The crossover depends on the CPU, its instruction set, the thread count and
 // the weight's shape, so it is measured (convs2s_kernels.tune) and set here per weight shape; a
 // shape never measured takes the kernels up to kDefaultFewRows rows.
 #pragma once
 
 #include <torch/extension.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -22,8 +24,9 @@ constexpr int64_t kDefaultFewRows = 8;
 // True when `rows` rows against this weight should run on the few-row kernels (w8a8: the packed
 // int8 kernel, linear_w8a8_cpu.cpp).
 bool use_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, int64_t rows);
-// Whether this weight shape has a measured choice.
-bool has_few_rows_choice(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N);
+// The measured choice for `rows` rows against this weight (false past 1..kSmallGemmMaxRows), or
+// nothing where the shape was never measured.
+std::optional<bool> measured_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, int64_t rows);
 
 // Measured choices (convs2s_kernels.tune): kernel_rows[r - 1] says whether r rows run the few-row
 // kernels, for r in 1..kSmallGemmMaxRows.

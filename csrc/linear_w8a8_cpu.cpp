@@ -185,7 +185,7 @@ void w8a8_base(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
 #define CONVS2S_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
 
 // Sums of u8 x s8 products, 4 per int32 lane (vpdpbusd): acc + u8 . s8. Accumulators are GCC
-// vectors (I32x16) passed by value, not __m512i updated through the intrinsic: that way GCC 12
+// vectors (I32x16) passed by value. As __m512i arrays updated through _mm512_dpbusd_epi32, GCC 12
 // kept the packed kernel's 5 x 4 tile on the stack, loaded and stored around every vpdpbusd,
 // wherever the tile was instantiated for several row counts in one function.
 typedef Vec<v16>::i32 I32x16;
@@ -629,8 +629,9 @@ int64_t linear_w8a8_alternative() { return library_sums_exact() ? kLibrary : kRe
 
 int64_t linear_w8a8_kernel(int64_t M, int64_t K, int64_t N, bool has_packed) {
   if (has_packed && M >= kAmxMinRows && kernel_has_amx_int8()) return kAmx;  // the weight's bytes are its only cost
-  if (has_packed && kernel_isa() != Isa::base && has_few_rows_choice(Form::w8a8, at::kChar, K, N))
-    return use_few_rows(Form::w8a8, at::kChar, K, N, M) ? kPacked : linear_w8a8_alternative();
+  if (has_packed && kernel_isa() != Isa::base)
+    if (const auto packed_wins = measured_few_rows(Form::w8a8, at::kChar, K, N, M))
+      return *packed_wins ? kPacked : linear_w8a8_alternative();
   if (M >= kLibraryMinRows && library_sums_exact()) return kLibrary;
   if (kernel_has_vnni()) return has_packed || packed_pays(M, K) ? kPacked : kReducing;
   if (kernel_isa() != Isa::base && has_packed && M >= kAvx2PackedMinRows) return kPacked;

@@ -174,6 +174,7 @@ def test_the_w8a8_choice_picks_the_packed_kernel_or_its_alternative_per_row_coun
         assert chosen[1:] == [3] * 63
     elif tune.w8a8_has_choice():
         assert chosen == [1 if on else alternative for on in measured]
+        assert C.linear_w8a8_kernel(65, K, N, True) == alternative, "past the measured rows: the alternative"
     else:  # the baseline: one kernel, nothing measured changes it
         assert chosen == unmeasured
     assert [C.linear_w8a8_kernel(m, K, N, False) for m in range(1, 65)] == [

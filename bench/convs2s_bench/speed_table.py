@@ -462,7 +462,8 @@ class Table:
         median = spread["median"]
         # the fraction of peak from the work this configuration does (the folded decoder does less
         # than the plain one, whose work the GFLOP/s column counts for every row)
-        done = generation_flops(self.models.base, sources, tgt_lengths, beam, folded=config.decoder == "folded")
+        folded = config.decoder == "folded"
+        done = generation_flops(self.models.base, sources, tgt_lengths, beam, folded=True) if folded else flops
         fraction = fractions_of_peak(gflops_per_s=done / median / 1e9, gb_per_s=0.0,
                                      gemm_gflops=self.machine.get(f"gemm_gflops_{PEAK_OF[config.dtype]}"))
         uncertainty = [d["model_uncertainty_s"] for d in rec["per_repeat"] if "model_uncertainty_s" in d]
