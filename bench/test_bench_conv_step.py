@@ -20,8 +20,9 @@ SHAPES = [pytest.param(n, c, id=f"N{n}_C{c}")
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("n,c", SHAPES)
-@pytest.mark.parametrize("backend", ["reference", "cpp", "triton"])
+@pytest.mark.parametrize("backend", ["reference", "cpp", "cpp-packed", "triton"])
 def test_conv_step(benchmark, runnable, peaks, device, backend, n, c, dtype_name):
+    """``cpp-packed``: the cpp backend reading ``pack_conv_step_weight(weight)``, as the decoder does."""
     dtype = DTYPES[dtype_name]  # a string parameter, so the JSON records it
     k = 3
     x_t = torch.randn(n, c, dtype=dtype, device=device)
@@ -29,13 +30,22 @@ def test_conv_step(benchmark, runnable, peaks, device, backend, n, c, dtype_name
     w = (torch.randn(k, c, 2 * c, device=device) / math.sqrt(k * c)).to(dtype)
     b = (0.1 * torch.randn(2 * c, device=device)).to(dtype)
     parents = torch.arange(n, device=device).flip(0)
+    packing = backend == "cpp-packed"
+    backend = "cpp" if packing else backend
     runnable(backend, "conv_step", x_t, state, w, b, parents)
     benchmark.group = f"conv_step N{n} C{c} {dtype_name}"
     weight = rotating(w, device)  # a decoding step meets its weight in memory, not in cache
+    packs = {}
+    for _ in range(weight.count if packing else 0):  # each copy's packing, made before the rounds
+        copy = weight()
+        packs[copy.data_ptr()] = ck.pack_conv_step_weight(copy)
+    if packing and packs[w.data_ptr()] is None:
+        pytest.skip(f"pack_conv_step_weight does not take {dtype_name}")
 
     def step():
+        wt = weight()
         with torch.no_grad():
-            return ck.conv_step(x_t, state, weight(), b, parents, backend=backend)
+            return ck.conv_step(x_t, state, wt, b, parents, packed=packs.get(wt.data_ptr()), backend=backend)
 
     run_timed(benchmark, step, device)
     elem = torch.tensor([], dtype=dtype).element_size()

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import convs2s_kernels as ck
 from convs2s_kernels.dispatch import BoundCalls
+from convs2s_kernels.huge_pages import move_to_huge_pages
 from convs2s_kernels.tune import ensure as ensure_kernel_choice
 
 from .architectures import ConvS2SConfig
@@ -26,7 +27,7 @@ from .encoder import EncoderOut, check_tokens
 from .fused_step import fused_layers_step, fused_step_reason, step_linear
 from .layers import NO_DISPATCH, SQRT_HALF, Linear, apply_linear, conv_stack, embedding, make_positions, residual_input
 from .special_tokens import PAD
-from .step_shapes import step_weight_shapes
+from .step_shapes import step_weight_modules, step_weight_shapes
 
 
 class AttentionLayer(nn.Module):
@@ -253,6 +254,14 @@ class Decoder(nn.Module):
             residuals.append(x)
         return self._output(x), avg_attn
 
+    def _step_weights_on_huge_pages(self) -> None:
+        """The Linear weights every step streams (fc1, the residual projections, fc2, fc3) moved
+        once onto huge pages (convs2s_kernels.huge_pages); the convolutions' packed copies are
+        made there (ConvTBCWeight.step_packed)."""
+        for module in step_weight_modules(self):
+            if isinstance(module, Linear) and not module.weight_normed:
+                move_to_huge_pages(module.weight)
+
     def init_state(self, encoder_out: EncoderOut, beam: int = 1, fold_attention: bool = False) -> DecoderState:
         """A fresh state for ``B * beam`` rows (beams of a sentence adjacent).
 
@@ -265,6 +274,7 @@ class Decoder(nn.Module):
             # which row counts run the few-row kernels, measured for this decoder's weights
             # (once per machine, then cached; convs2s_kernels.tune)
             ensure_kernel_choice(step_weight_shapes(self))
+            self._step_weights_on_huge_pages()
         states = [
             ref.new_zeros(rows, conv.kernel_width - 1, conv.in_channels) for conv in self.convolutions
         ]

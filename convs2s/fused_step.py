@@ -52,7 +52,7 @@ def _layer_weights(decoder) -> List[dict]:
         conv_w, conv_s = _weights(conv)
         entry = dict(conv_weight=conv_w, conv_scale=conv_s, conv_bias=conv.bias, residual=r,
                      int8_activations=conv_s is not None and conv.int8_activations,
-                     conv_packed=conv.int8_extra().get("packed"))
+                     conv_packed=conv.int8_extra().get("packed") if conv_s is not None else conv.step_packed())
         if proj is not None:
             proj_w, proj_s = _weights(proj)
             if proj_s is not None and (conv_s is None or proj.int8_activations != conv.int8_activations):

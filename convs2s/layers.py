@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import convs2s_kernels as ck
+from convs2s_kernels.huge_pages import on_huge_pages
 
 SQRT_HALF = math.sqrt(0.5)
 
@@ -105,7 +106,8 @@ class WeightNormed(nn.Module):
             return {}
         if getattr(self, "_int8_packed_for", None) is not quantized:
             with torch.no_grad():
-                self._int8_packed = ck.pack_w8a8_weight(quantized[0])
+                # streamed from memory every step: on huge pages (convs2s_kernels.huge_pages)
+                self._int8_packed = on_huge_pages(ck.pack_w8a8_weight(quantized[0]))
             self._int8_packed_for = quantized
         return {"packed": self._int8_packed}
 
@@ -204,13 +206,29 @@ class ConvTBCWeight(WeightNormed):
         w = self.effective_weight()
         return w.reshape(-1, w.shape[2]).t()
 
+    def step_packed(self) -> Optional[torch.Tensor]:
+        """The float weight in the cpp conv step's packed layout (:func:`convs2s_kernels.pack_conv_step_weight`),
+        made once and kept until the weight changes; None with int8 weights, in training, or where
+        the cpp kernels cannot take it."""
+        if self.use_int8 or self.training or torch.is_grad_enabled():
+            return None
+        w = self.effective_weight()
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        if getattr(self, "_packed_key", None) != key:
+            self._packed = ck.pack_conv_step_weight(w)
+            self._packed_key = key
+        return self._packed
+
     def step(self, x: torch.Tensor, state: torch.Tensor, parents: Optional[torch.Tensor],
              backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """One decoding step: the fused ``conv_step`` op, or with int8 weights the same reorder,
-        shift and append followed by the int8 product (:meth:`int8_product`) and GLU."""
+        """One decoding step: the fused ``conv_step`` op (reading :meth:`step_packed` where the cpp
+        kernel runs), or with int8 weights the same reorder, shift and append followed by the int8
+        product (:meth:`int8_product`) and GLU."""
         quantized = self.int8_weight()
         if quantized is None:
-            return ck.conv_step(x, state, self.effective_weight(), self.bias, parents, backend=backend)
+            choices = ck.requested_backends(backend)
+            packed = self.step_packed() if "auto" in choices or "cpp" in choices else None  # only cpp reads it
+            return ck.conv_step(x, state, self.effective_weight(), self.bias, parents, packed=packed, backend=backend)
         if parents is not None:
             state = state.index_select(0, parents)
         window = torch.cat([state, x.unsqueeze(1)], dim=1)

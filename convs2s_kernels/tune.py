@@ -1,5 +1,6 @@
 """Kernel choice by measurement: for each weight shape a decoding step multiplies, at which row
-counts the few-row streaming kernels (``csrc/small_gemm.cpp``) beat ATen's GEMM (MKL / oneDNN),
+counts the few-row streaming kernels (``csrc/small_gemm.cpp``; for the decoder's convolutions,
+form ``kp``, the kernel on the weight packed by ``pack_conv_step_weight``) beat ATen's GEMM (MKL / oneDNN),
 and for int8 weights times int8 activations (form ``w8a8``), at which the packed int8 kernel
 (``csrc/linear_w8a8_cpu.cpp``, on the packed weight) beats the library's int8 GEMM (``_int_mm``,
 where its sums are exact) or else the reducing int8 kernel.
@@ -40,8 +41,9 @@ from .extension import native, unavailable_reason
 
 ENV = "CONVS2S_TUNE"
 ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-# (N, K) nn.Linear weights; (K, N) linearised conv weights; (N, K) int8 weights times int8 activations
-FORMS = {"nk": 0, "kn": 1, "w8a8": 2}
+# (N, K) nn.Linear weights; (K, N) linearised conv weights; (N, K) int8 weights times int8 activations;
+# (K, N) conv weights packed for the decoding step (pack_conv_step_weight)
+FORMS = {"nk": 0, "kn": 1, "w8a8": 2, "kp": 3}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 _applied: Dict[str, dict] = {}  # shape name -> entry handed to the extension in this process
 _unmeasured: set = set()  # shapes looked up and left at the default (measuring off), under _applied_key
@@ -65,7 +67,7 @@ class Shape:
             raise ValueError(f"form must be one of {', '.join(FORMS)}, got {self.form!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.form == "kn" and self.dtype == "int8":
+        if self.form in ("kn", "kp") and self.dtype == "int8":
             raise ValueError("int8 weights are stored (N, K): form nk")
         if self.form == "w8a8" and self.dtype != "int8":
             raise ValueError(f"form w8a8 multiplies int8 weights, got {self.dtype}")
@@ -133,6 +135,8 @@ def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], obj
     if shape.form == "w8a8":  # the packed layout the decoder hands the kernels, made once per weight
         from .ops.linear_w8a8.reference import pack_w8a8_weight
         pool = [(q, s, pack_w8a8_weight(q)) for q, s in pool]
+    if shape.form == "kp":  # the conv weight and the packed copy the decoding step reads
+        pool = [(w, C.pack_kn_weight(w)) for w in pool]
     # one cycle for both: the GEMM must not read the copy the kernel has just brought into cache
     kernel_w = gemm_w = _cycle(pool)
     if shape.form == "w8a8":
@@ -150,6 +154,9 @@ def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], obj
         return lambda: C.small_gemm_int8(x, *kernel_w(), b), dequantised_gemm
     if shape.form == "nk":
         return lambda: C.small_gemm_nk(x, kernel_w(), b), lambda: F.linear(x, gemm_w(), b)
+    if shape.form == "kp":
+        return (lambda: C.small_gemm_kn_packed(x, kernel_w()[1], shape.N, b),
+                lambda: torch.addmm(b, x, gemm_w()[0]))
     return lambda: C.small_gemm_kn(x, kernel_w(), b), lambda: torch.addmm(b, x, gemm_w())
 
 
@@ -322,7 +329,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not shapes:
             shapes = [parse_shape(name) for name in tune_cache.load()]
         for dtype in (d.strip() for d in args.dtype.split(",") if d.strip()):
-            shapes += [Shape(s.form, dtype, s.K, s.N) for s in shapes if not (dtype == "int8" and s.form == "kn")]
+            shapes += [Shape(s.form, dtype, s.K, s.N) for s in shapes if not (dtype == "int8" and s.form in ("kn", "kp"))]
     except ValueError as exc:
         p.error(str(exc))
     if not shapes:

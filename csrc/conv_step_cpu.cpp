@@ -75,7 +75,8 @@ at::Tensor conv_window(const at::Tensor& x_t_in, const at::Tensor& state_in,
 
 std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
                                           const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                                          const c10::optional<at::Tensor>& beam_index) {
+                                          const c10::optional<at::Tensor>& beam_index,
+                                          const c10::optional<at::Tensor>& packed) {
   CONVS2S_CHECK_CPU(weight);
   CONVS2S_CHECK_DIM(weight, 3);
   TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous (k, C_in, 2C)");
@@ -89,7 +90,8 @@ std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tenso
 
   const at::Tensor flat = window.view({rows, k * c_in});
   const at::Tensor w2 = weight.view({k * c_in, c2});
-  const at::Tensor pre = measured_product(flat, w2, bias, /*w_is_nk=*/false);
+  const at::Tensor pre = packed.has_value() ? measured_packed_product(flat, w2, *packed, bias)
+                                            : measured_product(flat, w2, bias, /*w_is_nk=*/false);
   return {glu_rows(pre), window.narrow(1, 1, k - 1)};
 }
 

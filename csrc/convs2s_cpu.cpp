@@ -5,6 +5,7 @@
 #include "kernels.h"
 #include "kernel_choice.h"
 #include "small_gemm.h"
+#include "huge_pages.h"
 
 #include <unordered_map>
 
@@ -44,7 +45,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("conv_step_forward", &convs2s::conv_step_forward,
         "reorder + shift + append + causal conv step + GLU; returns (out, new_state)",
         py::arg("x_t"), py::arg("state"), py::arg("weight"), py::arg("bias") = py::none(),
-        py::arg("beam_index") = py::none());
+        py::arg("beam_index") = py::none(), py::arg("packed") = py::none());
   m.def("conv_glu_forward", &convs2s::conv_glu_forward,
         "conv (causal or centred) + bias + GLU + residual + scale; returns (out, pre)", py::arg("x"),
         py::arg("weight"), py::arg("bias"), py::arg("residual"), py::arg("pad_mask"), py::arg("causal"),
@@ -73,6 +74,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return convs2s::small_gemm(x, w.contiguous(), bias, /*w_is_nk=*/true);
         }, "x @ w.T + bias on the few-row kernel, w (N, K) (for measuring)", py::arg("x"), py::arg("w"),
         py::arg("bias") = py::none());
+  m.def("huge_page_copy", &convs2s::huge_page_copy, "a contiguous copy of a CPU tensor on 2 MB transparent huge pages "
+        "(advised; ordinary memory where the kernel grants none, or under 2 MB)", py::arg("t"));
+  m.def("pack_kn_weight", &convs2s::pack_kn_weight, "a (K, N) weight in small_gemm_kn_packed's layout", py::arg("w"));
+  m.def("kn_packed_width", &convs2s::kn_packed_width, "columns per packed block on this CPU's kernels");
+  m.def("small_gemm_kn_packed", &convs2s::small_gemm_packed, "x @ w (+ bias) for w packed by pack_kn_weight",
+        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none());
   m.def("small_gemm_int8", &convs2s::small_gemm_int8_kernel,
         "the int8 few-row kernel itself, any rows up to few_rows_max (for measuring)", py::arg("x"),
         py::arg("qweight"), py::arg("scale"), py::arg("bias"));

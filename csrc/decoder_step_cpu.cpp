@@ -40,8 +40,8 @@ std::pair<at::Tensor, at::Tensor> conv_step(const at::Tensor& x, const at::Tenso
                                             const c10::optional<at::Tensor>& bias,
                                             const c10::optional<at::Tensor>& parents, bool int8_x,
                                             const c10::optional<at::Tensor>& packed) {
-  if (!scale.has_value()) {
-    auto out = conv_step_forward(x, state, w, bias, parents);
+  if (!scale.has_value()) {  // packed: the float weight in pack_kn_weight's layout, or none
+    auto out = conv_step_forward(x, state, w, bias, parents, packed);
     return {out[0], out[1]};
   }
   const at::Tensor window = conv_window(x, state, parents);

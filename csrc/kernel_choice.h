@@ -17,7 +17,8 @@ namespace convs2s {
 
 // The weight's layout: (N, K) as nn.Linear stores it, or (K, N) as the linearised conv weight;
 // w8a8: an int8 (N, K) weight times int8 activations (linear_w8a8).
-enum class Form : int64_t { nk = 0, kn = 1, w8a8 = 2 };
+// kp: a (K, N) weight packed by pack_kn_weight (small_gemm_kn_packed) against ATen's GEMM on the weight
+enum class Form : int64_t { nk = 0, kn = 1, w8a8 = 2, kp = 3 };
 
 constexpr int64_t kDefaultFewRows = 8;
 

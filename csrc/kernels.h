@@ -35,9 +35,11 @@ std::vector<at::Tensor> beam_update(const at::Tensor& cand_scores, const at::Ten
 at::Tensor conv_window(const at::Tensor& x_t, const at::Tensor& state, const c10::optional<at::Tensor>& beam_index);
 // GLU of (rows, 2C) products into (rows, C): the conv kernels' epilogue, one pass.
 at::Tensor glu_rows(const at::Tensor& pre);
+// packed: the weight viewed as (k * C_in, 2C) in pack_kn_weight's layout, or none.
 std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tensor& state,
                                           const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                                          const c10::optional<at::Tensor>& beam_index);
+                                          const c10::optional<at::Tensor>& beam_index,
+                                          const c10::optional<at::Tensor>& packed = c10::nullopt);
 std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& weight,
                                          const c10::optional<at::Tensor>& bias,
                                          const c10::optional<at::Tensor>& residual,

@@ -18,6 +18,22 @@ template <typename W>
 void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const W* w, int64_t K, int64_t N,
                    const float* b, float* y, int64_t ldy, const float* s = nullptr);
 
+// The same product with w packed by pack_kn_weight (blocks of kn_packed_width() columns, each a
+// (K, width) row-major run, the last zero-padded): one contiguous stream per thread.
+template <typename W>
+void small_gemm_kn_packed(int64_t rows, const float* x, int64_t ldx, const W* packed, int64_t K, int64_t N,
+                          const float* b, float* y, int64_t ldy, const float* s = nullptr);
+// Columns per packed block on this CPU's kernels (64 at AVX-512, 16 otherwise).
+int64_t kn_packed_width();
+// A (K, N) float32 or bf16 weight as (ceil(N / width), K, width), zero-padded: small_gemm_kn_packed's layout.
+at::Tensor pack_kn_weight(const at::Tensor& w);
+// Checks that `packed` is a (K, N) weight in pack_kn_weight's layout for this CPU's kernels.
+void check_packed_kn(const at::Tensor& packed, int64_t K, int64_t N);
+// x (M, K) float32 or bf16 times a packed (K, N) weight of x's dtype (+ bias): small_gemm's (K, N)
+// product through small_gemm_kn_packed; returns (M, N) in x's dtype.
+at::Tensor small_gemm_packed(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                             const c10::optional<at::Tensor>& bias);
+
 // Few-row product through the kernels above for float32 or bf16 tensors: x (M, K) any strides
 // with a contiguous last dim, w contiguous ((N, K) if w_is_nk else (K, N)); returns (M, N) in
 // x's dtype (bf16 results rounded once from the float32 accumulators, as a bf16 GEMM would).
@@ -27,6 +43,11 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optio
 // GEMM at the others and for any other dtype.
 at::Tensor measured_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                             bool w_is_nk);
+// x @ w (+ bias) for a (K, N) weight w and its packed layout (pack_kn_weight): small_gemm_packed at
+// the row counts the kernel choice gives the packed kernel for this shape (form kp), ATen's GEMM
+// on w at the others and for any other dtype.
+at::Tensor measured_packed_product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& packed,
+                                   const c10::optional<at::Tensor>& bias);
 // x (M, K) float32 @ (qweight (N, K) int8 * scale (N,) per row)^T + bias: weight-only int8 for
 // decoding (a quarter of float32's bytes streamed, float32 activations and accumulation); rows
 // past the measured limit (kernel_choice.h) dequantise the weight once and run a GEMM.

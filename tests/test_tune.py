@@ -207,7 +207,8 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
                                                               for conv in model.decoder.convolutions))
     stream = f"@{tune.stream_mb(step_bytes)}MB"
     assert names[0] == "nk:float32:256x256" + stream and names[-1] == "nk:float32:256x60" + stream  # fc1 ... fc3
-    assert "kn:float32:768x512" + stream in names  # a 256-channel convolution of width 3: (3 * 256, 2 * 256)
+    # a 256-channel convolution of width 3, (3 * 256, 2 * 256), which the step reads packed
+    assert "kp:float32:768x512" + stream in names and not any(n.startswith("kn:") for n in names)
     model.quantize_decoder_int8()
     w8a8 = [s.name for s in step_weight_shapes(model.decoder)]
     if tune.w8a8_has_choice():  # the packed int8 kernel against the library or the reducing kernel

@@ -42,6 +42,44 @@ def test_conv_step_matches_reference(backend, n_prev, n, c_in, c_out, k, dtype):
     assert torch.equal(state, before), "the input state must never be modified"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n_prev,n,c_in,c_out,k", STEP_CASES + [pytest.param(40, 64, 70, 45, 3, id="N64_ragged")])
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@torch.no_grad()
+def test_conv_step_with_the_packed_weight_matches_reference(backend, n_prev, n, c_in, c_out, k, dtype):
+    """``packed=pack_conv_step_weight(weight)``: the cpp kernel reads it (at the row counts the
+    kernel choice gives it; unmeasured here: up to 8 rows, the GEMM on the weight beyond), the
+    other backends ignore it; same results either way, repeated parents included."""
+    x_t, state, w, b = step_inputs(n_prev, n, c_in, c_out, k, dtype)
+    packed = ck.pack_conv_step_weight(w)
+    if backend == "cpp":
+        assert packed is not None and packed.dtype == dtype
+    if packed is None:
+        pytest.skip("no cpp extension: nothing packs the weight")
+    parents = repeated_parents(n_prev, n)
+    runnable(backend, "conv_step", x_t, state, w, b, parents)
+    out, new_state = ck.conv_step(x_t, state, w, b, parents, packed=packed, backend=backend)
+    want_out, want_state = ck.conv_step_ref(x_t.double(), state.double(), w.double(), b.double(), parents)
+    assert_close("conv_step", out, want_out)
+    assert torch.equal(new_state, want_state.to(dtype))
+
+
+def test_conv_step_refuses_a_packing_of_another_weight():
+    x_t, state, w, b = step_inputs(3, 3, 16, 8, 3, torch.float32)
+    packed = ck.pack_conv_step_weight(w)
+    if packed is None:
+        pytest.skip("no cpp extension: nothing packs the weight")
+    with pytest.raises(ValueError, match="packed is not pack_conv_step_weight"):
+        ck.conv_step(x_t, state, w + 1, b, packed=packed, backend="cpp")
+    with pytest.raises(ValueError, match="not pack_conv_step_weight of this"):
+        ck.conv_step(x_t, state[:, :1], w[:2], b, packed=packed, backend="cpp")
+    with pytest.raises(ValueError, match="packed must be pack_conv_step_weight"):
+        ck.conv_step(x_t, state, w, b, packed=packed.double(), backend="cpp")
+    assert ck.pack_conv_step_weight(w.double()) is None  # float64: the kernels do not take it
+    with pytest.raises(ValueError, match="takes a \\(k, C_in, 2C\\) conv weight"):
+        ck.pack_conv_step_weight(w[0])
+
+
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 @torch.no_grad()
 def test_conv_step_strided_inputs(backend):

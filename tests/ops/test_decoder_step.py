@@ -113,9 +113,15 @@ def test_decoder_step_bad_inputs_name_the_problem():
         ck.decoder_step(x, states, bad, emb, pad, lengths)
     with pytest.raises(ValueError, match=r"beam_index values must lie in \[0, 3\]"):
         ck.decoder_step(x, states, layers, emb, pad, lengths, torch.tensor([0, 1, 2, 4]))
-    with pytest.raises(ValueError, match=r"layers\[0\].conv_packed is for int8 weights with int8 activations"):
+    # a float conv weight takes its conv-step packing only, never the int8 one
+    with pytest.raises(ValueError, match=r"packed must be pack_conv_step_weight\(weight\)"):
         bad = [dataclasses.replace(layers[0], conv_packed=torch.zeros(1, 16, 64, 4, dtype=torch.int8))]
         ck.decoder_step(x, states, bad + list(layers[1:]), emb, pad, lengths)
+    stale = ck.pack_conv_step_weight(layers[0].conv_weight + 1)
+    if stale is not None:  # with the cpp extension
+        with pytest.raises(ValueError, match="packed is not pack_conv_step_weight"):
+            bad = [dataclasses.replace(layers[0], conv_packed=stale)]
+            ck.decoder_step(x, states, bad + list(layers[1:]), emb, pad, lengths)
     with pytest.raises(ValueError, match="states\\[2\\] has 3 rows but states\\[0\\] has 4"):
         ck.decoder_step(x, states[:2] + [states[2][:3]] + states[3:], layers, emb, pad, lengths)
     short = [dataclasses.replace(layers[0], attention=dataclasses.replace(layers[0].attention,

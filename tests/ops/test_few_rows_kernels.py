@@ -1,7 +1,8 @@
 """The few-row kernels themselves (``csrc/small_gemm.cpp``), called raw at every row count they
 take: one register tile, its remainders, several tiles (1..16, 23, 24, 31, 48, 63, 64 rows);
-ragged K and N (vector lanes, 64-column blocks, the 16- and 64-row K chunks of the (K, N) layout); rows
-with a stride; fp32, bf16 and int8 weights; both weight layouts; and, in a subprocess, every
+ragged K and N (vector lanes, 64-column blocks, the 16- and 64-row K chunks of the (K, N) layout,
+the packed layout's 16- or 64-column blocks and its 64- or 256-row chunks); rows with a stride;
+fp32, bf16 and int8 weights; the three weight layouts ((N, K), (K, N), packed (K, N)); and, in a subprocess, every
 lower instruction-set level (``CONVS2S_KERNELS_ISA``). Then the measured choice routes calls the
 way it says. Tolerances: fp32 against float64 within 1e-4 relative (sums of up to ~1000 products
 of unit-scale terms); bf16 outputs within bf16 rounding (2e-2 relative)."""
@@ -45,20 +46,66 @@ def _close(got, want, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("layout", ["nk", "kn", "packed"])
 @torch.no_grad()
 def test_float_kernels_every_row_count_and_ragged_shape(C, layout, dtype):
     assert C.few_rows_max() == 64
+
+    def product(x, w, *bias):
+        if layout == "nk":
+            return C.small_gemm_nk(x, w, *bias)
+        if layout == "kn":
+            return C.small_gemm_kn(x, w.t().contiguous(), *bias)
+        return C.small_gemm_kn_packed(x, C.pack_kn_weight(w.t().contiguous()), w.shape[0], *bias)
+
     for K, N in SHAPES:
         for rows in ROWS:
             x, w, b = _operands(rows, K, N, dtype, seed=rows * 7919 + K)
             want = F.linear(x.double(), w.double(), b.double())
-            got = C.small_gemm_nk(x, w, b) if layout == "nk" else C.small_gemm_kn(x, w.t().contiguous(), b)
+            got = product(x, w, b)
             assert got.dtype == dtype and got.shape == (rows, N)
             _close(got, want, dtype)
             if rows in (1, 13):  # without a bias too
-                nobias = C.small_gemm_nk(x, w) if layout == "nk" else C.small_gemm_kn(x, w.t().contiguous())
-                _close(nobias, F.linear(x.double(), w.double()), dtype)
+                _close(product(x, w), F.linear(x.double(), w.double()), dtype)
+
+
+@torch.no_grad()
+def test_the_packed_layout_is_column_blocks_of_the_weight(C):
+    """pack_kn_weight's layout, element by element: blocks of the CPU's width (64 columns with the
+    AVX-512 kernels, 16 otherwise), each block (K, width) row-major, zero past N; big weights on
+    2 MB-aligned (huge-page) memory."""
+    width = C.kn_packed_width()
+    assert width == (64 if C.small_gemm_isa() == "avx512f" else 16)
+    for K, N in ((3, width), (5, 2 * width + 3), (700, 1000)):
+        w = torch.randn(K, N)
+        p = C.pack_kn_weight(w)
+        blocks = -(-N // width)
+        assert p.shape == (blocks, K, width) and p.dtype == w.dtype
+        padded = torch.zeros(K, blocks * width)
+        padded[:, :N] = w
+        assert torch.equal(p, padded.view(K, blocks, width).transpose(0, 1))
+    assert C.pack_kn_weight(torch.randn(700, 1000)).data_ptr() % (2 << 20) == 0
+    big = torch.randn(3, 1 << 20)
+    copy = C.huge_page_copy(big[:, ::2])  # strided in, contiguous out
+    assert copy.is_contiguous() and torch.equal(copy, big[:, ::2]) and copy.data_ptr() % (2 << 20) == 0
+    small = C.huge_page_copy(torch.arange(10.0))
+    assert torch.equal(small, torch.arange(10.0))
+
+
+def test_the_packed_kernel_refuses_another_layout(C):
+    w = torch.randn(40, 70)
+    p = C.pack_kn_weight(w)
+    with pytest.raises(RuntimeError, match=r"is not a \(K, N\) = \(41, 70\) weight"):
+        C.small_gemm_kn_packed(torch.randn(2, 41), p, 70)
+    with pytest.raises(RuntimeError, match=r"is not a \(K, N\)"):
+        C.small_gemm_kn_packed(torch.randn(2, 40), p, 70 + C.kn_packed_width())
+    other = 16 if C.kn_packed_width() == 64 else 64
+    with pytest.raises(RuntimeError, match=f"packed {other} columns a block, this CPU's kernels take"):
+        C.small_gemm_kn_packed(torch.randn(2, 40), torch.zeros(-(-70 // other), 40, other), 70)
+    with pytest.raises(RuntimeError, match="1..64 rows"):
+        C.small_gemm_kn_packed(torch.randn(65, 40), p, 70)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        C.small_gemm_kn_packed(torch.randn(2, 40, dtype=torch.float64), p, 70)
 
 
 @torch.no_grad()
@@ -85,7 +132,7 @@ def test_every_lower_instruction_set_passes_the_same_tests(C, cap, expected):
     copies by capping them (the same tests, in a subprocess that loads the extension capped)."""
     env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                          "float_kernels or int8_kernel or refuse", "-W", "ignore"],
+                          "float_kernels or int8_kernel or refuse or packed", "-W", "ignore"],
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     isa = subprocess.run([sys.executable, "-c", "import convs2s_kernels as ck; print(ck.extension.small_gemm_isa())"],
@@ -116,6 +163,28 @@ def test_the_measured_choice_routes_each_row_count(C):
     for rows, on_kernel in ((8, True), (9, False)):
         x = torch.randn(rows, K)
         assert torch.equal(C.small_linear(x, w, b), C.small_gemm_nk(x, w, b) if on_kernel else F.linear(x, w, b))
+    # form 3: the packed conv-step weight against ATen's GEMM on the weight itself, through conv_step
+    k, c_in, c2 = 3, 257, 24
+    cw, cb = torch.randn(k, c_in, c2, generator=g), torch.randn(c2, generator=g)
+    packed = C.pack_kn_weight(cw.view(k * c_in, c2))
+
+    def step_with(choice, x, state):
+        C.set_few_rows_choice(3, "float32", k * c_in, c2, choice)
+        return C.conv_step_forward(x, state, cw, cb, None, packed)[0]
+
+    try:
+        for rows in (1, 3, 4, 9, 64):
+            x, state = torch.randn(rows, c_in, generator=g), torch.randn(rows, k - 1, c_in, generator=g)
+            kernel, gemm = step_with([True] * 64, x, state), step_with([False] * 64, x, state)
+            assert not torch.equal(kernel, gemm), rows  # the two sums round differently, so routing shows
+            window = torch.cat([state, x[:, None]], 1).view(rows, -1)
+            torch.testing.assert_close(kernel, F.glu(C.small_gemm_kn_packed(window, packed, c2, cb), -1))
+            torch.testing.assert_close(gemm, F.glu(torch.addmm(cb, window, cw.view(k * c_in, c2)), -1))
+            assert torch.equal(step_with(rows_on_kernel, x, state), kernel if rows_on_kernel[rows - 1] else gemm), rows
+    finally:
+        forget()
+    with pytest.raises(RuntimeError, match="form 3 \\(kp\\) takes float32 or bf16"):
+        C.set_few_rows_choice(3, "int8", K, N, [True] * 64)
     with pytest.raises(RuntimeError, match="one entry per row count"):
         C.set_few_rows_choice(0, "float32", K, N, [True] * 3)
     with pytest.raises(RuntimeError, match="float32, bfloat16 or int8"):

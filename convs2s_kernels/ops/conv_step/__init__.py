@@ -13,6 +13,7 @@ Tests: ``tests/ops/test_conv_step.py``; benchmark: ``bench/test_bench_conv_step.
 from ...dispatch import register
 from . import cpp  # noqa: F401  (registers the cpp backend's implementation)
 from .api import conv_step
+from .cpp import pack_conv_step_weight
 from .reference import conv_step_ref
 
 register("reference", "conv_step", conv_step_ref)

@@ -19,6 +19,7 @@ def conv_step_ref(
     weight: torch.Tensor,
     bias: Optional[torch.Tensor] = None,
     beam_index: Optional[torch.Tensor] = None,
+    packed: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One step of the causal convolution + GLU with its input FIFO.
 
@@ -27,7 +28,8 @@ def conv_step_ref(
     ``bias (2C,)``, ``beam_index (N,)`` int64, the parent row in ``state`` of each new row
     (rows may share a parent; ``None`` keeps the order and needs ``N_prev == N``).
 
-    Returns ``(out (N, C), new_state (N, k-1, C_in))``; ``state`` is not modified.
+    Returns ``(out (N, C), new_state (N, k-1, C_in))``; ``state`` is not modified. ``packed``
+    (``pack_conv_step_weight(weight)``, for the cpp kernel) is not read here.
 
     PyTorch equivalent::
 

@@ -10,4 +10,11 @@ from .triton_kernels import conv_step_triton
 
 CAPABILITY = capability("conv_step", backward=False)
 
-register("triton", "conv_step", conv_step_triton, CAPABILITY, conv_step_tensors)
+
+
+def conv_step_triton_glue(x_t, state, weight, bias=None, beam_index=None, packed=None):
+    """The Triton kernel reads ``weight`` itself; ``packed`` (the cpp kernel's layout) is not read."""
+    return conv_step_triton(x_t, state, weight, bias, beam_index)
+
+
+register("triton", "conv_step", conv_step_triton_glue, CAPABILITY, conv_step_tensors)
