@@ -30,6 +30,9 @@ std::vector<at::Tensor> beam_update(const at::Tensor& cand_scores, const at::Ten
                                     at::Tensor f_pos_scores, at::Tensor f_scores, at::Tensor f_lengths,
                                     const c10::optional<at::Tensor>& f_attn, at::Tensor f_count, at::Tensor f_done,
                                     double lenpen, bool at_max_len, int64_t eos);
+// GFLOP/s of register-only multiply-adds on every thread at the kernels' instruction set
+// (fma_peak.cpp): the compute limit a roofline divides by; `iters` rounds per thread.
+double fma_peak_gflops(int64_t iters);
 // The conv step's input window (N, k, C_in): state rows gathered by beam_index (or in order),
 // shifted, x_t appended; the new state is its last k - 1 steps.
 at::Tensor conv_window(const at::Tensor& x_t, const at::Tensor& state, const c10::optional<at::Tensor>& beam_index);

@@ -27,13 +27,30 @@ def _best_seconds(fn: Callable[[], object], device: torch.device, repeats: int) 
 
 
 def gemm_peak_gflops(device="cpu", dtype=torch.float32, n: int = 2048, repeats: int = 5) -> float:
-    """Best-of-``repeats`` GFLOP/s of an ``n^3`` matmul (fp32 accumulation for reduced precision)."""
+    """Best-of-``repeats`` GFLOP/s of an ``n^3`` matmul (fp32 accumulation for reduced precision);
+    for fp32 on a CPU, the better of that and :func:`fma_peak_gflops`: MKL's fp32 GEMM runs its
+    AVX2 code on AMD CPUs, so on an AVX-512 AMD EPYC (Zen 5) the library GEMM (237 GFLOP/s, 2
+    threads) was below what the project's AVX-512 kernels ran a decoding step at (~300)."""
     device = torch.device(device)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
     secs = _best_seconds(lambda: torch.mm(a, b, out=out), device, repeats)
-    return 2.0 * n ** 3 / secs / 1e9
+    gemm = 2.0 * n ** 3 / secs / 1e9
+    if device.type == "cpu" and dtype == torch.float32:
+        return max(gemm, fma_peak_gflops(repeats=min(repeats, 3)) or 0.0)
+    return gemm
+
+
+def fma_peak_gflops(repeats: int = 3) -> Optional[float]:
+    """Best-of-``repeats`` GFLOP/s of register-only fp32 multiply-adds on every thread at the
+    instruction set the project's kernels run at (``csrc/fma_peak.cpp``; ``CONVS2S_KERNELS_ISA``
+    caps it): the FMA units' limit, no GEMM above it. None without the C++ extension."""
+    from convs2s_kernels.extension import native, unavailable_reason
+
+    if unavailable_reason() is not None:
+        return None
+    return max(native().fma_peak_gflops() for _ in range(max(1, repeats)))
 
 
 def int8_gemm_peak_gops(n: int = 2048, repeats: int = 5) -> float:
@@ -62,17 +79,24 @@ def copy_peak_gbps(device="cpu", megabytes: Optional[int] = None, repeats: int =
     """Best-of-``repeats`` memory bandwidth in GB/s over ``megabytes`` (default:
     :func:`memory_buffer_megabytes`, the memory's; smaller sizes measure the caches a working set
     of that size lives in): the better of a tensor copy (bytes read + bytes written) and a
-    read-only pass (the math library's matrix-vector product over the buffer). Kernels that stream weights only read, and reading alone can outrun
+    read-only pass (the math library's matrix-vector product over the buffer, or a sum: MKL's
+    matrix-vector product read 20-30 GB/s on a Zen 5 where a sum read 87). Kernels that stream weights only read, and reading alone can outrun
     a copy, so a copy alone would be a limit they beat (the name stays: results files key on it)."""
     device = torch.device(device)
     megabytes = megabytes or memory_buffer_megabytes(device)
     n = max(megabytes * (1 << 20) // 4, 1024)
-    src = torch.randn(n, device=device)
-    dst = torch.empty_like(src)
+    # on the CPU, buffers on huge pages, as the weights a decoding step streams are
+    # (convs2s_kernels.huge_pages): on 4 KB pages the same copy measured 47 or 90 GB/s by process
+    # on a Zen 5 VM, a limit the step's huge-page reads then beat
+    from convs2s_kernels.huge_pages import on_huge_pages
+
+    src = on_huge_pages(torch.randn(n, device=device))
+    dst = on_huge_pages(torch.empty_like(src))
     copy_secs = _best_seconds(lambda: dst.copy_(src), device, repeats)
     cols = 1024 if n % 1024 == 0 else 1
     matrix, vec = src.view(-1, cols), torch.randn(cols, device=device)
-    read_secs = _best_seconds(lambda: torch.mv(matrix, vec), device, repeats)
+    read_secs = min(_best_seconds(lambda: torch.mv(matrix, vec), device, repeats),
+                    _best_seconds(lambda: src.sum(), device, repeats))
     return max(2.0 * n * 4 / copy_secs, n * 4 / read_secs) / 1e9
 
 

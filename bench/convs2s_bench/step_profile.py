@@ -98,14 +98,15 @@ def format_profile(result: dict, top: int = 8) -> str:
     m = result["machine"]
     dtype = "int8 decoder weights and activations" if result.get("int8") else "fp32"
     peak = (f"int8 GEMM {result['int8_gops']:.0f} GOP/s (torch._int_mm)" if result.get("int8")
-            else f"fp32 GEMM {result['gemm_gflops']:.0f} GFLOP/s")
+            else f"fp32 peak {result['gemm_gflops']:.0f} GFLOP/s (the better of ATen's GEMM and the FMA units' "
+                 "register-only rate)")
     lines = [f"Decoding-step profile, {result['arch']} (random weights, folded attention, backend auto, {dtype}), "
              f"source length {result['src_len']}; {m['cpu']}, {m['threads']} threads, "
              f"ISA {', '.join(m['isa'])}" + (f" (capped: {m['isa_caps']})" if m['isa_caps'] else "") +
              f"; kernels {result['kernels_isa']}.",
              f"Limits measured in this run: copy {result['copy_gbps']:.1f} GB/s (a copy touching the step's "
              f"{result.get('weight_mb', 0):.0f} MB of weights), {peak}. "
-             "Bound = max(weight bytes / copy bandwidth, FLOPs / GEMM peak).", "",
+             "Bound = max(weight bytes / copy bandwidth, FLOPs / compute peak).", "",
              "Ops the profiler sees cover the share of the step in 'seen' (kernels built without "
              "RECORD_FUNCTION labels are invisible to it and fall outside).", "",
              "| rows | step ms (median, range) | bound ms | step / bound | seen | top ops: ms per step (% of step) |",

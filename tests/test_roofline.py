@@ -1,0 +1,53 @@
+"""The machine's limits the benchmarks divide by (``bench/convs2s_bench/roofline.py``): the fp32
+compute peak is the better of ATen's GEMM and the FMA units' register-only rate (MKL runs its
+AVX2 code on AMD CPUs, so its GEMM alone was below what the AVX-512 kernels reached), and the
+FMA rate follows the kernels' instruction-set cap."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from convs2s_bench import roofline
+from harness import require_or_skip
+
+
+@pytest.fixture(autouse=True)
+def cpp():
+    require_or_skip("cpp")
+
+
+def test_the_fp32_peak_is_no_lower_than_the_library_gemm_or_the_fma_units(monkeypatch):
+    monkeypatch.setattr(roofline, "fma_peak_gflops", lambda repeats=3: 1e9)
+    assert roofline.gemm_peak_gflops(n=64, repeats=1) == 1e9  # the FMA rate above the GEMM wins
+    monkeypatch.setattr(roofline, "fma_peak_gflops", lambda repeats=3: 1e-9)
+    gemm = roofline.gemm_peak_gflops(n=64, repeats=1)
+    assert 1e-9 < gemm < 1e6  # the GEMM above the FMA rate wins
+    assert roofline.gemm_peak_gflops(dtype=torch.bfloat16, n=64, repeats=1) != 1e-9  # bf16: the GEMM alone
+
+
+def test_the_fma_peak_is_positive_and_follows_the_isa_cap():
+    peak = roofline.fma_peak_gflops(repeats=1)
+    assert peak is not None and peak > 0
+    code = ("import torch; from convs2s_bench import roofline; torch.set_num_threads(1); "
+            "print(roofline.fma_peak_gflops(repeats=2))")
+    rates = {}
+    for cap in ("avx2", "baseline"):
+        env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        rates[cap] = float(out.stdout.strip())
+    # 8 float lanes with FMA against 4 lanes with a multiply and an add: at least twice the rate
+    assert rates["avx2"] > 1.5 * rates["baseline"] > 0
+
+
+def test_the_copy_bandwidth_is_measured_on_huge_pages(monkeypatch):
+    placed = []
+    from convs2s_kernels import huge_pages
+
+    real = huge_pages.on_huge_pages
+    monkeypatch.setattr(huge_pages, "on_huge_pages", lambda t: placed.append(t.numel()) or real(t))
+    assert roofline.copy_peak_gbps(megabytes=4, repeats=1) > 0
+    assert placed == [1 << 20, 1 << 20]  # source and destination
