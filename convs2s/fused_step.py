@@ -59,7 +59,7 @@ def _layer_weights(decoder) -> List[dict]:
                 raise ValueError("the one-call step takes one int8 setting per layer: quantise the projection and "
                                  "the convolution alike (ConvS2SModel.quantize_decoder_int8)")
             entry.update(proj_weight=proj_w, proj_scale=proj_s, proj_bias=proj.bias,
-                         proj_packed=proj.int8_extra().get("packed"))
+                         proj_packed=proj.int8_extra().get("packed") if proj_s is not None else proj.step_packed())
         layers.append(entry)
     return layers
 
@@ -101,5 +101,7 @@ def step_linear(state, name: str, module, x: torch.Tensor, backend: Optional[str
     if quantized is not None:
         return state.calls(module.int8_product(), (name, x.shape[0]), x.device, x, *quantized, module.bias,
                            backend=backend, **module.int8_extra())
+    choices = ck.requested_backends(backend)
+    packed = module.step_packed() if "auto" in choices or "cpp" in choices else None  # only cpp reads it
     return state.calls(ck.linear, (name, x.shape[0]), x.device, x, module.effective_weight(), module.bias,
-                       backend=backend)
+                       backend=backend, packed=packed)

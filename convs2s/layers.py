@@ -111,6 +111,23 @@ class WeightNormed(nn.Module):
             self._int8_packed_for = quantized
         return {"packed": self._int8_packed}
 
+    def _pack_for_step(self, w: torch.Tensor) -> Optional[torch.Tensor]:
+        """``w`` in the layout the cpp decoding-step kernel reads (None where it cannot)."""
+        raise NotImplementedError
+
+    def step_packed(self) -> Optional[torch.Tensor]:
+        """The float weight laid out once for the cpp decoding step (:meth:`_pack_for_step`: the
+        conv step's or the Linear's packing), kept until the weight changes; None with int8
+        weights, in training, or where the cpp kernels cannot take it."""
+        if self.use_int8 or self.training or torch.is_grad_enabled():
+            return None
+        w = self.effective_weight()
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        if getattr(self, "_packed_key", None) != key:
+            self._packed = self._pack_for_step(w)
+            self._packed_key = key
+        return self._packed
+
     @torch.no_grad()
     def fold_weight_norm(self) -> None:
         """Replace ``weight_g``/``weight_v`` by the plain ``weight`` they define (inference)."""
@@ -160,6 +177,9 @@ class Linear(WeightNormed):
         self._init_weight_norm(v, dim=0, enabled=weight_norm)
         self.bias = nn.Parameter(torch.zeros(out_features))
 
+    def _pack_for_step(self, w: torch.Tensor) -> Optional[torch.Tensor]:
+        return ck.pack_linear_weight(w)
+
     def forward(self, x: torch.Tensor, backend: Optional[str] = NO_DISPATCH) -> torch.Tensor:
         """``x W^T + b``: plain ``F.linear`` (``NO_DISPATCH``), or the dispatched ``linear`` op for a
         backend request (None: the dispatcher's default), int8 weights when decoding with them."""
@@ -201,23 +221,13 @@ class ConvTBCWeight(WeightNormed):
         return (f"in={self.in_channels}, out={self.out_channels}, k={self.kernel_width}, "
                 f"weight_norm={self.weight_normed}")
 
+    def _pack_for_step(self, w: torch.Tensor) -> Optional[torch.Tensor]:
+        return ck.pack_conv_step_weight(w)
+
     def _int8_matrix(self) -> torch.Tensor:
         # the linearised step weight (k * C_in, 2C), transposed: one quantisation row per output channel
         w = self.effective_weight()
         return w.reshape(-1, w.shape[2]).t()
-
-    def step_packed(self) -> Optional[torch.Tensor]:
-        """The float weight in the cpp conv step's packed layout (:func:`convs2s_kernels.pack_conv_step_weight`),
-        made once and kept until the weight changes; None with int8 weights, in training, or where
-        the cpp kernels cannot take it."""
-        if self.use_int8 or self.training or torch.is_grad_enabled():
-            return None
-        w = self.effective_weight()
-        key = (w.data_ptr(), w._version, w.dtype, w.device)
-        if getattr(self, "_packed_key", None) != key:
-            self._packed = ck.pack_conv_step_weight(w)
-            self._packed_key = key
-        return self._packed
 
     def step(self, x: torch.Tensor, state: torch.Tensor, parents: Optional[torch.Tensor],
              backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:

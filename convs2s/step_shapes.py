@@ -16,15 +16,15 @@ from .layers import ConvTBCWeight, WeightNormed
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
-def _dims(module: nn.Module, packed_convs: bool = False) -> Optional[Tuple[str, int, int]]:
+def _dims(module: nn.Module, packed: bool = False) -> Optional[Tuple[str, int, int]]:
     """``(form, K, N)`` of a float step's product with ``module``'s weight: a conv weight is
-    (K, N) = (k * C_in, 2C) (form kp where the decoding step reads it packed), a Linear weight
-    (N, K); None for a plain nn.Linear (fc3 tied to the target embedding runs F.linear, never the
-    kernels)."""
+    (K, N) = (k * C_in, 2C), a Linear weight (N, K), both form kp where the decoding step reads
+    them packed (WeightNormed.step_packed); None for a plain nn.Linear (fc3 tied to the target
+    embedding runs F.linear, never the kernels)."""
     if isinstance(module, ConvTBCWeight):
-        return "kp" if packed_convs else "kn", module.kernel_width * module.in_channels, module.out_channels
+        return "kp" if packed else "kn", module.kernel_width * module.in_channels, module.out_channels
     if isinstance(module, WeightNormed):
-        return "nk", module.in_features, module.out_features
+        return "kp" if packed else "nk", module.in_features, module.out_features
     return None
 
 
@@ -43,10 +43,10 @@ def step_weight_bytes(decoder: nn.Module) -> int:
     return sum(_weight_bytes(m) for m in step_weight_modules(decoder))
 
 
-def _shape(module: nn.Module, stream: int, packed_convs: bool = False) -> List[Shape]:
+def _shape(module: nn.Module, stream: int, packed: bool = False) -> List[Shape]:
     """int8 weights are quantised per output row, (N, K), whatever the float form; with int8
     activations, form w8a8 (the packed int8 kernel or its alternative, tune.w8a8_has_choice)."""
-    dims = _dims(module, packed_convs)
+    dims = _dims(module, packed)
     if dims is None:
         return []
     form, K, N = dims
@@ -65,17 +65,17 @@ def step_weight_modules(decoder: nn.Module) -> List[nn.Module]:
             decoder.fc2, decoder.fc3]
 
 
-def _shapes_read_together(modules: List[nn.Module], packed_convs: bool = False) -> List[Shape]:
+def _shapes_read_together(modules: List[nn.Module], packed: bool = False) -> List[Shape]:
     """The shapes of ``modules`` that run the kernels, in order (no repeats), each to be timed as
     cold as reading all of them leaves it: after their whole weight set (stream_mb)."""
     stream = stream_mb(sum(_weight_bytes(m) for m in modules))
-    return list(dict.fromkeys(s for m in modules for s in _shape(m, stream, packed_convs)))
+    return list(dict.fromkeys(s for m in modules for s in _shape(m, stream, packed)))
 
 
 def step_weight_shapes(decoder: nn.Module) -> List[Shape]:
-    """The shapes of :func:`step_weight_modules`, timed as cold as the step leaves them; the
-    convolutions in form kp (the step reads them packed: ConvTBCWeight.step_packed)."""
-    return _shapes_read_together(step_weight_modules(decoder), packed_convs=True)
+    """The shapes of :func:`step_weight_modules`, timed as cold as the step leaves them, in form kp
+    (the step reads its float weights packed: WeightNormed.step_packed)."""
+    return _shapes_read_together(step_weight_modules(decoder), packed=True)
 
 
 def encoder_weight_shapes(encoder: nn.Module) -> List[Shape]:

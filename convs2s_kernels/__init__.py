@@ -8,7 +8,8 @@ environment variable can set), one folder each under ``convs2s_kernels/ops/``:
 * :func:`attention_embsum` — softmax(q z^T) over source positions, values z + e, sqrt(s) scale;
 * :func:`conv_step` — one incremental decoding step with beam reorder of the conv state
   (:func:`pack_conv_step_weight` lays the weight out for its cpp kernel once);
-* :func:`linear` — ``x @ weight.T + bias`` for the few rows of a decoding step;
+* :func:`linear` — ``x @ weight.T + bias`` for the few rows of a decoding step
+  (:func:`pack_linear_weight` lays the weight out for its cpp kernel once);
 * :func:`linear_int8` — the same with int8 weights (:func:`quantize_int8`), for decoding;
 * :func:`linear_w8a8` — int8 weights and int8 activations (each row quantised on the fly;
   :func:`pack_w8a8_weight` lays the weight out for its kernels once);
@@ -27,8 +28,8 @@ from .dispatch import reasons as backend_reasons
 from .ops import (BeamCandidates, StepAttention, StepLayer, attention_embsum, attention_embsum_ref, beam_candidates,
                   beam_candidates_ref, beam_update, beam_update_ref, FinishedHypotheses, conv_glu, conv_glu_ref,
                   conv_step, conv_step_ref, decoder_step, decoder_step_ref, linear, linear_int8, linear_int8_ref,
-                  linear_ref, linear_w8a8, linear_w8a8_ref, pack_conv_step_weight, pack_w8a8_weight, quantize_int8,
-                  quantize_rows_int8)
+                  linear_ref, linear_w8a8, linear_w8a8_ref, pack_conv_step_weight, pack_linear_weight,
+                  pack_w8a8_weight, quantize_int8, quantize_rows_int8)
 from . import reference
 from .buckets import warmup
 from . import triton_backend  # noqa: F401  (registers the Triton kernels, or records why they cannot run)
@@ -40,7 +41,7 @@ __all__ = [
     "conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8", "linear_w8a8", "decoder_step",
     "beam_candidates", "beam_update",
     "conv_glu_ref", "attention_embsum_ref", "conv_step_ref", "linear_ref", "linear_int8_ref", "linear_w8a8_ref",
-    "decoder_step_ref", "beam_candidates_ref", "beam_update_ref", "quantize_int8", "quantize_rows_int8", "pack_w8a8_weight", "pack_conv_step_weight", "StepLayer", "StepAttention", "BeamCandidates",
+    "decoder_step_ref", "beam_candidates_ref", "beam_update_ref", "quantize_int8", "quantize_rows_int8", "pack_w8a8_weight", "pack_conv_step_weight", "pack_linear_weight", "StepLayer", "StepAttention", "BeamCandidates",
     "FinishedHypotheses",
     "available_backends", "backend_reasons", "requested_backends", "selected_backend_name", "count_dispatches",
     "BackendUnavailableError", "Capability", "reference", "trusted_indices", "indices_trusted", "warmup",

@@ -12,14 +12,17 @@
 namespace convs2s {
 
 // y = x @ weight.T + bias for x (M, K) and weight (N, K), float32 or bf16: a decoding step's Linear,
-// on the few-row kernel up to the rows measured for this shape (kernel_choice.h), else ATen's GEMM.
-at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+// on the few-row kernel up to the rows measured for this shape (kernel_choice.h), else ATen's GEMM;
+// with `packed` (pack_kn_weight(weight.T)), the packed kernel at the rows measured for form kp.
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                        const c10::optional<at::Tensor>& packed) {
   CONVS2S_CHECK_CPU(x);
   TORCH_CHECK(x.scalar_type() == weight.scalar_type() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "small_linear takes float32 or bf16 (x and weight alike)");
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "x (M, K), weight (N, K)");
   TORCH_CHECK(x.size(0) >= 1, "small_linear takes at least one row");
+  if (packed.has_value()) return measured_packed_product(x, weight.t(), *packed, bias);  // pack_kn_weight(weight.t())
   return measured_product(x, weight, bias, /*w_is_nk=*/true);
 }
 
@@ -86,7 +89,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the int8 few-row kernel itself, any rows up to few_rows_max (for measuring)", py::arg("x"),
         py::arg("qweight"), py::arg("scale"), py::arg("bias"));
   m.def("small_linear", &convs2s::small_linear, "x @ weight.T + bias for float32 or bf16 rows (few-row kernel or GEMM)",
-        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("packed") = py::none());
   m.def("linear_int8", &convs2s::small_gemm_int8,
         "x @ (qweight * scale[:, None]).T + bias: float32 x, int8 (N, K) weight with a float32 scale per row",
         py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"));

@@ -26,10 +26,12 @@ namespace {
 constexpr double kSqrtHalf = 0.70710678118654752440;
 
 // x @ w.T + b for an nn.Linear-layout weight (N, K), or int8 rows with their scale (x quantised
-// per row too when int8_x; packed: the int8 weight in pack_w8a8_weight's layout, or none).
+// per row too when int8_x; packed: the int8 weight in pack_w8a8_weight's layout, or for a float
+// weight w.T in pack_kn_weight's, or none).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& scale,
                   const c10::optional<at::Tensor>& bias, bool int8_x, const c10::optional<at::Tensor>& packed) {
   if (scale.has_value()) return int8_x ? linear_w8a8(x, w, *scale, bias, packed) : small_gemm_int8(x, w, *scale, bias);
+  if (packed.has_value()) return measured_packed_product(x, w.t(), *packed, bias);  // pack_kn_weight(w.t())
   return measured_product(x, w, bias, /*w_is_nk=*/true);
 }
 

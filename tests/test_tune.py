@@ -206,9 +206,10 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     step_bytes = 4 * (256 * 256 + 256 * 256 + 256 * 60 + sum(conv.kernel_width * conv.in_channels * conv.out_channels
                                                               for conv in model.decoder.convolutions))
     stream = f"@{tune.stream_mb(step_bytes)}MB"
-    assert names[0] == "nk:float32:256x256" + stream and names[-1] == "nk:float32:256x60" + stream  # fc1 ... fc3
-    # a 256-channel convolution of width 3, (3 * 256, 2 * 256), which the step reads packed
-    assert "kp:float32:768x512" + stream in names and not any(n.startswith("kn:") for n in names)
+    # the step reads every float weight packed (form kp): fc1 ... fc3, and a 256-channel convolution of
+    # width 3, (3 * 256, 2 * 256)
+    assert names[0] == "kp:float32:256x256" + stream and names[-1] == "kp:float32:256x60" + stream
+    assert "kp:float32:768x512" + stream in names and all(n.startswith("kp:") for n in names)
     model.quantize_decoder_int8()
     w8a8 = [s.name for s in step_weight_shapes(model.decoder)]
     if tune.w8a8_has_choice():  # the packed int8 kernel against the library or the reducing kernel

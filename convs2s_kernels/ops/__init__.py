@@ -10,7 +10,7 @@ from .attention_embsum import attention_embsum, attention_embsum_ref, source_key
 from .conv_glu import conv_glu, conv_glu_ref, conv_padding
 from .conv_step import conv_step, conv_step_ref, pack_conv_step_weight
 from .decoder_step import StepAttention, StepLayer, decoder_step, decoder_step_ref
-from .linear import linear, linear_ref
+from .linear import linear, linear_ref, pack_linear_weight
 from .linear_int8 import linear_int8, linear_int8_ref, quantize_int8
 from .linear_w8a8 import linear_w8a8, linear_w8a8_ref, pack_w8a8_weight, quantize_rows_int8
 
@@ -23,6 +23,6 @@ __all__ = [
     "conv_glu_ref", "attention_embsum_ref", "conv_step_ref", "linear_ref", "linear_int8_ref", "linear_w8a8_ref",
     "decoder_step_ref",
     "beam_candidates_ref", "search_rules_ref", "beam_update_ref",
-    "BeamCandidates", "FinishedHypotheses", "conv_padding", "source_key_mask", "quantize_int8", "quantize_rows_int8", "pack_w8a8_weight", "pack_conv_step_weight", "StepLayer",
+    "BeamCandidates", "FinishedHypotheses", "conv_padding", "source_key_mask", "quantize_int8", "quantize_rows_int8", "pack_w8a8_weight", "pack_conv_step_weight", "pack_linear_weight", "StepLayer",
     "StepAttention", "TRITON_OPS",
 ]

@@ -20,6 +20,7 @@ TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(ato
 def step_layer(c_in, c_out, k, residual, attention, B, S, int8, dtype, c_prev):
     w, b = conv_weight(k, c_in, c_out, dtype)
     scale = None
+    float_packed, int8 = int8 == "float-packed", False if int8 == "float-packed" else int8
     if int8:  # int8 rows (2C, k*C_in) of the linearised conv weight
         w, scale = ck.quantize_int8(w.float().reshape(k * c_in, 2 * c_out).t())
         b = b.float()
@@ -35,6 +36,10 @@ def step_layer(c_in, c_out, k, residual, attention, B, S, int8, dtype, c_prev):
         att = ck.StepAttention(*(torch.randn(B, S, c_out, dtype=dtype) / math.sqrt(c_out) for _ in range(1)),
                                torch.randn(B, S, dtype=dtype), torch.randn(B, S, c_out, dtype=dtype),
                                (0.1 * torch.randn(c_out)).to(dtype))
+    if float_packed and ck.pack_conv_step_weight(w) is not None:  # float weights in the cpp kernels' layout
+        proj.update(conv_packed=ck.pack_conv_step_weight(w))
+        if "proj_weight" in proj:
+            proj.update(proj_packed=ck.pack_linear_weight(proj["proj_weight"]))
     if int8 == "w8a8-packed":  # the cpp kernels' layout of each int8 weight, made once
         proj.update(conv_packed=ck.pack_w8a8_weight(w))
         if "proj_scale" in proj:
@@ -58,8 +63,10 @@ def make_step(B, beam, S, int8=False, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("int8,dtype", [(False, torch.float32), (False, torch.bfloat16), (True, torch.float32),
-                                        ("w8a8", torch.float32), ("w8a8-packed", torch.float32)],
-                         ids=["fp32", "bf16", "int8_weights", "w8a8", "w8a8_packed"])  # int8 weights take fp32 activations
+                                        ("w8a8", torch.float32), ("w8a8-packed", torch.float32),
+                                        ("float-packed", torch.float32), ("float-packed", torch.bfloat16)],
+                         ids=["fp32", "bf16", "int8_weights", "w8a8", "w8a8_packed", "fp32_packed", "bf16_packed"])
+# int8 weights take fp32 activations; *_packed: each weight also in the cpp kernels' layout
 # 65 beams: past the few-row kernels' 64 rows, the float32 attention takes ATen's batched products
 @pytest.mark.parametrize("B,beam,S", [(1, 1, 1), (2, 3, 5), (3, 2, 9), (1, 65, 3)])
 @pytest.mark.parametrize("need_attn", [True, False], ids=["attn", "no_attn"])

@@ -33,6 +33,50 @@ def test_cpp_linear_every_row_count_and_ragged_sizes(rows, K, N):
     torch.testing.assert_close(ck.linear(x, w, backend="cpp"), torch.nn.functional.linear(x, w), atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("backend", ["cpp", "reference"])
+@torch.no_grad()
+def test_linear_with_the_packed_weight_matches_reference(backend, dtype):
+    """``packed=pack_linear_weight(weight)``: the cpp kernel reads it at the row counts the kernel
+    choice gives it (unmeasured: up to 8 rows; the GEMM on the weight beyond), the reference
+    ignores it; ragged N, strided and 3-D rows."""
+    for K, N in ((300, 77), (1, 5), (513, 1030), (64, 130)):
+        g = torch.Generator().manual_seed(K + N)
+        w = (torch.randn(N, K, generator=g) / K ** 0.5).to(dtype)
+        b = torch.randn(N, generator=g).to(dtype)
+        packed = ck.pack_linear_weight(w)
+        if packed is None:
+            assert backend == "reference", "the cpp backend packs float32 and bf16 weights"
+            pytest.skip("no cpp extension: nothing packs the weight")
+        for rows in (1, 5, 8, 9, 23, 64, 70):
+            x = torch.randn(rows, K + 3, generator=g)[:, 2:K + 2].to(dtype)  # rows with a stride
+            runnable(backend, "linear", x, w, b)
+            got = ck.linear(x, w, b, packed=packed, backend=backend)
+            want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+            tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)
+            assert got.dtype == dtype
+            torch.testing.assert_close(got.double(), want, **tol)
+        x3 = torch.randn(2, 3, K, generator=g).to(dtype)
+        assert ck.linear(x3, w, None, packed=packed, backend=backend).shape == (2, 3, N)
+
+
+def test_linear_refuses_a_packing_of_another_weight():
+    w = torch.randn(40, 30)
+    packed = ck.pack_linear_weight(w)
+    if packed is None:
+        pytest.skip("no cpp extension: nothing packs the weight")
+    x = torch.randn(2, 30)
+    with pytest.raises(ValueError, match="packed is not pack_linear_weight"):
+        ck.linear(x, w + 1, packed=packed, backend="cpp")
+    with pytest.raises(ValueError, match="not pack_linear_weight of this"):
+        ck.linear(torch.randn(2, 20), w[:, :20].contiguous(), packed=packed, backend="cpp")
+    with pytest.raises(ValueError, match="packed must be pack_linear_weight"):
+        ck.linear(x, w, packed=packed.double(), backend="cpp")
+    assert ck.pack_linear_weight(w.double()) is None
+    with pytest.raises(ValueError, match="takes an \\(N, K\\) weight"):
+        ck.pack_linear_weight(w[0])
+
+
 @torch.no_grad()
 def test_cpp_linear_takes_any_rows_and_leading_dims():
     w, b = torch.randn(33, 20) / 5, torch.randn(33)

@@ -8,6 +8,7 @@ import torch
 
 from ..._checks import check_index, check_shape, check_tensor
 from ...dispatch import resolve
+from .._packing import check_packed_matrix
 from ..conv_step.packing import check_packed_weight
 from ..linear_w8a8.api import check_packed, check_weight_range
 from .layers import StepLayer
@@ -38,10 +39,14 @@ def _check_layers(states, layers, x: torch.Tensor) -> None:
             if part == "conv" and layer.conv_scale is None:  # a float conv weight, packed for the conv step
                 check_packed_weight(packed, layer.conv_weight)
                 continue
+            if part == "proj" and layer.proj_scale is None:  # a float projection, packed for linear
+                check_packed_matrix(packed, layer.proj_weight, layer.proj_weight.t(), "pack_linear_weight")
+                continue
             if getattr(layer, f"{part}_scale") is None or not layer.int8_activations:
                 raise ValueError(f"layers[{i}].{part}_packed is for int8 weights with int8 activations "
                                  f"({part}_scale set, int8_activations=True)"
-                                 + (" or pack_conv_step_weight of a float conv weight" if part == "conv" else ""))
+                                 + (" or pack_conv_step_weight of a float conv weight" if part == "conv" else
+                                    " or pack_linear_weight of a float projection"))
             check_packed(getattr(layer, f"{part}_weight"), packed)
         check_tensor(f"states[{i}]", states[i], 3)
         if states[i].shape[0] != states[0].shape[0]:

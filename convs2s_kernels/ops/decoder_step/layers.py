@@ -33,8 +33,9 @@ class StepLayer:
     ``int8_activations``: the int8 products quantise their inputs per row too (``linear_w8a8``)
     instead of keeping them float32 (``linear_int8``); ``conv_packed`` / ``proj_packed`` are then
     :func:`convs2s_kernels.pack_w8a8_weight` of the int8 weights, for the cpp kernels (optional).
-    With a float conv weight, ``conv_packed`` may be :func:`convs2s_kernels.pack_conv_step_weight`
-    of it, which the cpp conv step reads instead (optional; the reference ignores it).
+    With float weights, ``conv_packed`` may be :func:`convs2s_kernels.pack_conv_step_weight` of the
+    conv weight and ``proj_packed`` :func:`convs2s_kernels.pack_linear_weight` of the projection,
+    which the cpp kernels read instead (optional; the reference ignores them).
     """
 
     conv_weight: torch.Tensor

@@ -13,6 +13,7 @@ Tests: ``tests/ops/test_linear.py``; benchmark: ``bench/test_bench_linear.py``.
 from ...dispatch import register
 from . import cpp  # noqa: F401  (registers the cpp backend's implementation)
 from .api import linear
+from .cpp import pack_linear_weight
 from .reference import linear_ref
 
 register("reference", "linear", linear_ref)

@@ -1,0 +1,33 @@
+"""Checks of a weight packed for the cpp kernels' (K, N) layout (``pack_kn_weight``: blocks of
+columns, each a contiguous (K, width) run), shared by ``conv_step`` and ``linear``."""
+
+from __future__ import annotations
+
+import torch
+
+from ..extension import native
+
+
+def _contents_key(t: torch.Tensor) -> tuple:
+    return t.data_ptr(), t._version, tuple(t.shape), t.dtype
+
+
+def check_packed_matrix(packed: torch.Tensor, weight: torch.Tensor, matrix: torch.Tensor, maker: str) -> None:
+    """``packed`` is ``maker(weight)``, the (K, N) ``matrix`` view of ``weight`` packed: its shape
+    and dtype each call, its contents once per pair of tensors and versions (a stale packing
+    would multiply by another weight)."""
+    if not isinstance(packed, torch.Tensor) or packed.dim() != 3 or packed.dtype != weight.dtype:
+        got = f"{packed.dtype} {tuple(packed.shape)}" if isinstance(packed, torch.Tensor) else type(packed).__name__
+        raise ValueError(f"packed must be {maker}(weight): a {weight.dtype} (blocks, K, width) tensor, got {got}")
+    K, N = matrix.shape
+    width = packed.shape[2]
+    if packed.device != weight.device or packed.shape[1] != K or width < 1 or packed.shape[0] != -(-N // width):
+        raise ValueError(f"packed {tuple(packed.shape)} on {packed.device} is not {maker} of this "
+                         f"{tuple(weight.shape)} weight on {weight.device}")
+    key = (_contents_key(weight), _contents_key(packed))
+    if getattr(packed, "_convs2s_packing_checked", None) == key:
+        return
+    if not torch.equal(packed, native().pack_kn_weight(matrix.detach())):
+        raise ValueError(f"packed is not {maker}(weight): pack the weight again after changing it "
+                         "(or in this process: the layout follows the CPU's instruction set)")
+    packed._convs2s_packing_checked = key
