@@ -256,8 +256,8 @@ class Decoder(nn.Module):
 
     def _step_weights_on_huge_pages(self) -> None:
         """The Linear weights every step streams (fc1, the residual projections, fc2, fc3) moved
-        once onto huge pages (convs2s_kernels.huge_pages); the convolutions' packed copies are
-        made there (ConvTBCWeight.step_packed)."""
+        once onto huge pages (convs2s_kernels.huge_pages): past the rows measured for the packed kernel
+        the GEMM reads them; the packed copies (WeightNormed.step_packed) are made there."""
         for module in step_weight_modules(self):
             if isinstance(module, Linear) and not module.weight_normed:
                 move_to_huge_pages(module.weight)

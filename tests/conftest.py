@@ -18,7 +18,9 @@ os.environ.setdefault("CONVS2S_KERNELS_POISON", "1")
 # make results move too); shapes never measured take the few-row kernels up to 8 rows, and the
 # tests of the choice itself (tests/test_tune.py) measure into a temporary cache, never the user's.
 os.environ.setdefault("CONVS2S_TUNE", "0")
-os.environ.setdefault("CONVS2S_TUNE_CACHE", tempfile.mkdtemp(prefix="convs2s-tune-"))
+if "CONVS2S_TUNE_CACHE" not in os.environ:
+    _TUNE_CACHE = tempfile.TemporaryDirectory(prefix="convs2s-tune-")  # removed when the session ends
+    os.environ["CONVS2S_TUNE_CACHE"] = _TUNE_CACHE.name
 
 # the op tests' shared harness (tests/ops/harness.py) is importable from every test module
 sys.path.insert(0, str(Path(__file__).resolve().parent / "ops"))
