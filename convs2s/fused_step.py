@@ -29,6 +29,8 @@ def fused_step_reason(decoder, x: torch.Tensor, emb_scores: torch.Tensor, state,
         return "needs the folded attention (fold_attention=True)"
     if decoder.training or torch.is_grad_enabled():
         return "inference only (eval mode under torch.no_grad)"
+    if torch.is_autocast_enabled(x.device.type):
+        return "under autocast (the one-call step runs in the weights' dtype; the per-op step casts as autocast does)"
     choices = ck.requested_backends(backend)
     if "auto" not in choices and "cpp" not in choices:
         return f"backend {backend!r} does not allow cpp"

@@ -118,10 +118,11 @@ class WeightNormed(nn.Module):
     def step_packed(self) -> Optional[torch.Tensor]:
         """The float weight laid out once for the cpp decoding step (:meth:`_pack_for_step`: the
         conv step's or the Linear's packing), kept until the weight changes; None with int8
-        weights, in training, or where the cpp kernels cannot take it."""
-        if self.use_int8 or self.training or torch.is_grad_enabled():
-            return None
+        weights, in training, under autocast (the op casts the weight, a float32 packing no longer
+        matches it), or where the cpp kernels cannot take it."""
         w = self.effective_weight()
+        if self.use_int8 or self.training or torch.is_grad_enabled() or torch.is_autocast_enabled(w.device.type):
+            return None
         key = (w.data_ptr(), w._version, w.dtype, w.device)
         if getattr(self, "_packed_key", None) != key:
             self._packed = self._pack_for_step(w)

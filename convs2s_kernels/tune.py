@@ -1,6 +1,7 @@
 """Kernel choice by measurement: for each weight shape a decoding step multiplies, at which row
 counts the few-row streaming kernels (``csrc/small_gemm.cpp``; for the decoder's convolutions,
-form ``kp``, the kernel on the weight packed by ``pack_conv_step_weight``) beat ATen's GEMM (MKL / oneDNN),
+and for the Linear weights of the one-call step, form ``kp``, the kernel on the weight packed by
+``pack_conv_step_weight`` / ``pack_linear_weight``) beat ATen's GEMM (MKL / oneDNN),
 and for int8 weights times int8 activations (form ``w8a8``), at which the packed int8 kernel
 (``csrc/linear_w8a8_cpu.cpp``, on the packed weight) beats the library's int8 GEMM (``_int_mm``,
 where its sums are exact) or else the reducing int8 kernel.
@@ -42,7 +43,8 @@ from .extension import native, unavailable_reason
 ENV = "CONVS2S_TUNE"
 ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 # (N, K) nn.Linear weights; (K, N) linearised conv weights; (N, K) int8 weights times int8 activations;
-# (K, N) conv weights packed for the decoding step (pack_conv_step_weight)
+# (K, N) conv and Linear weights packed for the decoding step (pack_conv_step_weight, pack_linear_weight);
+# form kp's GEMM side is timed on the (K, N) matrix (a Linear's fallback reads its (N, K) weight transposed)
 FORMS = {"nk": 0, "kn": 1, "w8a8": 2, "kp": 3}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 _applied: Dict[str, dict] = {}  # shape name -> entry handed to the extension in this process

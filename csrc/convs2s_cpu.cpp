@@ -62,7 +62,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           convs2s::set_few_rows_choice(form, convs2s::weight_dtype(dtype), K, N, kernel_rows);
         },
         "which row counts (1..few_rows_max) the few-row kernels take for this weight shape (form 0: (N, K), "
-        "1: (K, N)); the others run ATen's GEMM (form 2: int8 (N, K) times int8 activations on a packed weight, the packed int8 kernel against "
+        "1: (K, N), 3: (K, N) packed by pack_kn_weight); the others run ATen's GEMM (form 2: int8 (N, K) times int8 activations on a packed weight, the packed int8 kernel against "
         "linear_w8a8_alternative())",
         py::arg("form"), py::arg("dtype"), py::arg("K"), py::arg("N"), py::arg("kernel_rows"));
   m.def("clear_few_rows_choices", &convs2s::clear_few_rows_choices, "forget every measured choice");

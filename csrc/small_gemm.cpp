@@ -227,7 +227,7 @@ CONVS2S_INLINE void kn_panel(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t
 
 // ---- (K, N) weights packed once (pack_kn_weight): column blocks one after another ----
 //
-// A decoding step's conv weights never change, so they can be laid out once for the kernel: the
+// A decoding step's conv and Linear weights never change, so they can be laid out once for the kernel: the
 // (K, N) matrix cut into blocks of NB = VT * lanes columns, each block stored as its own (K, NB)
 // row-major run. A block's product then reads one contiguous stream (the kernel above walks 16
 // weight rows side by side, 16 streams 4-32 KB apart), keeps its accumulators in registers

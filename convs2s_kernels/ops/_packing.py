@@ -12,6 +12,12 @@ def _contents_key(t: torch.Tensor) -> tuple:
     return t.data_ptr(), t._version, tuple(t.shape), t.dtype
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # bit for bit: torch.equal is False for any NaN, which would call a diverged weight's packing stale
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(ints), b.view(ints))
+
+
 def check_packed_matrix(packed: torch.Tensor, weight: torch.Tensor, matrix: torch.Tensor, maker: str) -> None:
     """``packed`` is ``maker(weight)``, the (K, N) ``matrix`` view of ``weight`` packed: its shape
     and dtype each call, its contents once per pair of tensors and versions (a stale packing
@@ -27,7 +33,7 @@ def check_packed_matrix(packed: torch.Tensor, weight: torch.Tensor, matrix: torc
     key = (_contents_key(weight), _contents_key(packed))
     if getattr(packed, "_convs2s_packing_checked", None) == key:
         return
-    if not torch.equal(packed, native().pack_kn_weight(matrix.detach())):
+    if not _same_bits(packed, native().pack_kn_weight(matrix.detach())):
         raise ValueError(f"packed is not {maker}(weight): pack the weight again after changing it "
                          "(or in this process: the layout follows the CPU's instruction set)")
     packed._convs2s_packing_checked = key

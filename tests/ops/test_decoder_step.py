@@ -129,6 +129,9 @@ def test_decoder_step_bad_inputs_name_the_problem():
         with pytest.raises(ValueError, match="packed is not pack_conv_step_weight"):
             bad = [dataclasses.replace(layers[0], conv_packed=stale)]
             ck.decoder_step(x, states, bad + list(layers[1:]), emb, pad, lengths)
+    with pytest.raises(ValueError, match=r"layers\[0\]\.proj_packed is given but layers\[0\]\.proj_weight is None"):
+        bad = [dataclasses.replace(layers[0], proj_weight=None, proj_packed=torch.zeros(1, 4, 16))]
+        ck.decoder_step(x, states, bad + list(layers[1:]), emb, pad, lengths)
     with pytest.raises(ValueError, match="states\\[2\\] has 3 rows but states\\[0\\] has 4"):
         ck.decoder_step(x, states[:2] + [states[2][:3]] + states[3:], layers, emb, pad, lengths)
     short = [dataclasses.replace(layers[0], attention=dataclasses.replace(layers[0].attention,

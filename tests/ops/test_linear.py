@@ -77,6 +77,20 @@ def test_linear_refuses_a_packing_of_another_weight():
         ck.pack_linear_weight(w[0])
 
 
+def test_linear_takes_the_packing_of_a_weight_holding_nan():
+    # a diverged checkpoint's packing is still its packing (compared bit for bit, not as numbers)
+    w = torch.randn(40, 30)
+    w[3, 7] = float("nan")
+    packed = ck.pack_linear_weight(w)
+    if packed is None:
+        pytest.skip("no cpp extension: nothing packs the weight")
+    x = torch.randn(2, 30)
+    got = ck.linear(x, w, packed=packed, backend="cpp")
+    want = torch.nn.functional.linear(x, w)
+    torch.testing.assert_close(got, want, equal_nan=True, atol=1e-5, rtol=1e-5)
+    assert got[:, 3].isnan().all() and not got[:, :3].isnan().any()
+
+
 @torch.no_grad()
 def test_cpp_linear_takes_any_rows_and_leading_dims():
     w, b = torch.randn(33, 20) / 5, torch.randn(33)

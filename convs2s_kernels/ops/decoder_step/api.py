@@ -39,6 +39,8 @@ def _check_layers(states, layers, x: torch.Tensor) -> None:
             if part == "conv" and layer.conv_scale is None:  # a float conv weight, packed for the conv step
                 check_packed_weight(packed, layer.conv_weight)
                 continue
+            if part == "proj" and layer.proj_weight is None:
+                raise ValueError(f"layers[{i}].proj_packed is given but layers[{i}].proj_weight is None")
             if part == "proj" and layer.proj_scale is None:  # a float projection, packed for linear
                 check_packed_matrix(packed, layer.proj_weight, layer.proj_weight.t(), "pack_linear_weight")
                 continue
