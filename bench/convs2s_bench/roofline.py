@@ -32,6 +32,10 @@ def gemm_peak_gflops(device="cpu", dtype=torch.float32, n: int = 2048, repeats: 
     AVX2 code on AMD CPUs, so on an AVX-512 AMD EPYC (Zen 5) the library GEMM (237 GFLOP/s, 2
     threads) was below what the project's AVX-512 kernels ran a decoding step at (~300)."""
     device = torch.device(device)
+    if device.type == "cpu" and dtype == torch.bfloat16 and not _native_bf16():
+        # without bf16 dot products the kernels widen bf16 to fp32 (exact), so that is its limit;
+        # ATen's bf16 GEMM there ran at 0.3 GFLOP/s (AMD EPYC Zen 3, AVX2): minutes at n = 2048
+        return gemm_peak_gflops(device, torch.float32, n, repeats)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
@@ -40,6 +44,12 @@ def gemm_peak_gflops(device="cpu", dtype=torch.float32, n: int = 2048, repeats: 
     if device.type == "cpu" and dtype == torch.float32:
         return max(gemm, fma_peak_gflops(repeats=min(repeats, 3)) or 0.0)
     return gemm
+
+
+def _native_bf16() -> bool:
+    from convs2s_kernels.env import native_bf16
+
+    return native_bf16() is not None
 
 
 def fma_peak_gflops(repeats: int = 3) -> Optional[float]:
@@ -56,13 +66,34 @@ def fma_peak_gflops(repeats: int = 3) -> Optional[float]:
 def int8_gemm_peak_gops(n: int = 2048, repeats: int = 5) -> float:
     """Best-of-``repeats`` GOP/s (2 per multiply-add) of an ``n^3`` int8 x int8 -> int32 product on
     the CPU through the math library (``torch._int_mm``: oneDNN, AMX-INT8 or VNNI where it has
-    them, within ``ONEDNN_MAX_CPU_ISA``)."""
+    them, within ``ONEDNN_MAX_CPU_ISA``), or of the project's own int8 kernel where that is faster
+    (:func:`int8_kernel_peak_gops`): without VNNI, ``_int_mm`` ran at 2 GOP/s (AMD EPYC Zen 3,
+    AVX2) while the decoding step's int8 products ran near 100, so it was no limit of theirs."""
     device = torch.device("cpu")
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
     b = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
     secs = _best_seconds(lambda: torch._int_mm(a, b), device, repeats)
-    return 2.0 * n ** 3 / secs / 1e9
+    return max(2.0 * n ** 3 / secs / 1e9, int8_kernel_peak_gops(n, repeats=repeats) or 0.0)
+
+
+def int8_kernel_peak_gops(n: int = 2048, rows: int = 64, repeats: int = 5) -> Optional[float]:
+    """Best-of-``repeats`` GOP/s of the cpp ``linear_w8a8`` (activations quantised per row, the
+    packed weight) at ``rows`` rows of a hot ``n x n`` weight: the most the kernels a decoding step
+    calls reach here. None without the C++ extension."""
+    import convs2s_kernels as ck
+    from convs2s_kernels.extension import unavailable_reason
+
+    if unavailable_reason() is not None:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
+    scale = torch.rand(n, generator=gen) / 127
+    x = torch.randn(rows, n, generator=gen)
+    packed = ck.pack_w8a8_weight(q)
+    secs = _best_seconds(lambda: ck.linear_w8a8(x, q, scale, packed=packed, backend="cpp"), torch.device("cpu"),
+                         repeats)
+    return 2.0 * rows * n * n / secs / 1e9
 
 
 def memory_buffer_megabytes(device="cpu") -> int:

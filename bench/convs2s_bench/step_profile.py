@@ -6,8 +6,9 @@ torch.profiler (the C++ kernels record themselves: ``convs2s::few_rows_nk`` / ``
     python3 -m convs2s_bench.step_profile --arch fconv_wmt_en_fr --rows 1,12,160 --out profile.md
 
 ``--int8``: the decoder's int8 weights and activations (``quantize_decoder_int8``): the bound's
-bytes are the int8 weights and their scales, its compute limit the int8 GEMM peak
-(``torch._int_mm``) instead of the fp32 one.
+bytes are the int8 weights and their scales, its compute limit the int8 peak (the better of
+``torch._int_mm`` and the cpp ``linear_w8a8`` at 64 rows: ``roofline.int8_gemm_peak_gops``) instead
+of the fp32 one.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def profile_rows(model, rows: int, steps: int = 10, src_len: int = SOURCE_LEN) -
 def format_profile(result: dict, top: int = 8) -> str:
     m = result["machine"]
     dtype = "int8 decoder weights and activations" if result.get("int8") else "fp32"
-    peak = (f"int8 GEMM {result['int8_gops']:.0f} GOP/s (torch._int_mm)" if result.get("int8")
+    peak = (f"int8 {result['int8_gops']:.0f} GOP/s (the better of torch._int_mm and the cpp linear_w8a8 at 64 rows)" if result.get("int8")
             else f"fp32 peak {result['gemm_gflops']:.0f} GFLOP/s (the better of ATen's GEMM and the FMA units' "
                  "register-only rate)")
     lines = [f"Decoding-step profile, {result['arch']} (random weights, folded attention, backend auto, {dtype}), "
