@@ -51,3 +51,4 @@ def test_the_decoder_streams_its_linear_weights_and_packed_convolutions_from_hug
     assert packed is not None and packed.data_ptr() % HUGE == 0 or packed.numel() * 4 < MIN_BYTES
     model.train()
     assert model.decoder.convolutions[0].step_packed() is None  # training reads the weight itself
+    assert model.decoder.convolutions[0]._packed is None  # and the packed copy is let go
