@@ -120,10 +120,13 @@ class WeightNormed(nn.Module):
         conv step's or the Linear's packing), kept until the weight changes; None with int8
         weights, in training, under autocast (the op casts the weight, a float32 packing no longer
         matches it), or where the cpp kernels cannot take it."""
-        w = self.effective_weight()
         if self.training:  # the weight will change: a packed copy would only hold memory while training
             self._packed = self._packed_key = None
-        if self.use_int8 or self.training or torch.is_grad_enabled() or torch.is_autocast_enabled(w.device.type):
+            return None
+        if self.use_int8 or torch.is_grad_enabled():
+            return None
+        w = self.effective_weight()
+        if torch.is_autocast_enabled(w.device.type):
             return None
         key = (w.data_ptr(), w._version, w.dtype, w.device)
         if getattr(self, "_packed_key", None) != key:
