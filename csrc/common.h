@@ -8,6 +8,7 @@
 #define CONVS2S_CHECK_DIM(t, n) TORCH_CHECK((t).dim() == (n), #t " must have " #n " dimensions, got ", (t).dim())
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -43,6 +44,24 @@ void parallel_row_spans(int64_t rows, int64_t cols, const F& fn) {
   at::parallel_for(0, rows * cols, kRowSpanGrain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin / cols; r * cols < end; ++r)
       fn(r, std::max<int64_t>(begin - r * cols, 0), std::min<int64_t>(end - r * cols, cols));
+  });
+}
+
+// fn(i0, i1) over [0, count) in runs of consecutive items that the threads take from a shared
+// counter (about runs_per_thread runs each), not a fixed share each: on a 2-vCPU VM (AMD EPYC
+// Zen 3) one vCPU at times ran far slower, per call and for seconds at a time, and a fixed split
+// waited for it (bench/results/amd-zen3-2c). Each item is still computed whole by one thread, so
+// results do not depend on the schedule. Inside a parallel region, or on one thread: one run.
+template <typename F>
+void parallel_runs(int64_t count, int64_t runs_per_thread, const F& fn) {
+  const int64_t threads = at::get_num_threads();
+  if (count <= 0) return;
+  if (threads == 1 || at::in_parallel_region()) return fn(int64_t(0), count);
+  const int64_t run = std::max<int64_t>(1, count / (threads * runs_per_thread));
+  const int64_t runs = (count + run - 1) / run;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min(threads, runs), 1, [&](int64_t, int64_t) {
+    for (int64_t i; (i = next.fetch_add(1)) < runs;) fn(i * run, std::min(count, (i + 1) * run));
   });
 }
 

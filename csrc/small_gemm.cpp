@@ -325,7 +325,7 @@ CONVS2S_INLINE void kp_blocks(const Gemm<W>& g, int64_t rows, int64_t b0, int64_
           share.rows = std::min(next_rows, s0 + per_tile) - s0;
           share.every = std::max<int64_t>(1, (k1 - k0) / std::max<int64_t>(1, share.rows));
         }
-        // the first tile prefetches ahead where nothing asked for its chunk: one tile, or the thread's first chunk
+        // the first tile prefetches ahead where nothing asked for its chunk: one tile, or a run's first chunk
         if (t == 0 && (tiles.count == 1 || (first && blk == b0)))
           CONVS2S_ROWS_SWITCH(tiles.rows(t), MT,
                               (kp_tile<V, M, VT, true>(g.x + r * g.ldx, g.ldx, w, k0, k1, first, last, y + r * ldy, ldy, s, b, share)))
@@ -457,6 +457,9 @@ template <typename W> void packed_blocks(const Gemm<W>& g, int64_t rows, int64_t
 
 }  // namespace
 
+// Runs of blocks per thread that small_gemm_kn_packed deals out (4, 8 and 16 measured alike within 3%).
+constexpr int64_t kPackedRunsPerThread = 8;
+
 int64_t kn_packed_width() { return kIsa == Isa::avx512 ? 4 * 16 : 2 * 8; }
 
 template <typename W>
@@ -465,10 +468,13 @@ void small_gemm_kn_packed(int64_t rows, const float* x, int64_t ldx, const W* pa
   TORCH_CHECK(rows >= 1 && rows <= kSmallGemmMaxRows, "small_gemm_kn_packed takes 1..", kSmallGemmMaxRows, " rows");
   RECORD_FUNCTION("convs2s::few_rows_kn_packed", std::vector<c10::IValue>());
   const Gemm<W> g{x, ldx, packed, K, N, b, s, y, ldy};
-  // each thread one contiguous run of whole blocks: one stream through memory
   const int64_t blocks = (N + kn_packed_width() - 1) / kn_packed_width();
-  const int64_t per_thread = (blocks + at::get_num_threads() - 1) / at::get_num_threads();
-  at::parallel_for(0, blocks, per_thread, [&](int64_t b0, int64_t b1) { packed_blocks(g, rows, b0, b1); });
+  // runs of whole blocks, each one stream through memory, dealt out as threads come free: with a
+  // fixed half each, fconv_wmt_en_fr-sized weights at 12 rows took 17.6 ms in calls where both
+  // vCPUs ran alike and 26.8-32.8 ms where one was slower; runs took 0.76-0.81x of that there
+  // (1, 6 and 15 rows 0.90-0.93x) and alike within 1-2% elsewhere. Whole decoding steps, paired
+  // medians: 0.93-0.97x at 10-20 rows, alike at 1-5 (bench/results/amd-zen3-2c)
+  parallel_runs(blocks, kPackedRunsPerThread, [&](int64_t b0, int64_t b1) { packed_blocks(g, rows, b0, b1); });
 }
 
 at::Tensor pack_kn_weight(const at::Tensor& w) {

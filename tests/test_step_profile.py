@@ -64,6 +64,25 @@ def test_profile_table_has_a_line_per_row_count(monkeypatch):
     assert sizes == [max(1, weight_bytes // 2 // (1 << 20))]  # the copy touches as many bytes as the step's weights
 
 
+def test_paired_bound_holds_each_step_against_the_limits_sampled_beside_it():
+    """Each step against the bound of its own sample: max(bytes / copy, FLOPs / compute), the
+    median of the ratios and their range; the table prints them."""
+    rec = dict(bytes=2e9, flops=1e9, step_times=[0.2, 0.3, 0.5],
+               limits=[(10.0, 100.0), (20.0, 5.0), (20.0, None)])
+    # bounds: max(0.2, 0.01) = 0.2 s; max(0.1, 0.2) = 0.2 s (compute-bound); 0.1 s (no compute limit)
+    paired = step_profile.paired_bounds(rec)
+    assert paired["ratio"] == pytest.approx(1.5) and paired["ratio_range"] == pytest.approx((1.0, 5.0))
+    assert paired["bound_ms"] == pytest.approx(200.0)
+    assert step_profile.paired_bounds(dict(bytes=1, flops=1)) is None
+
+
+def test_the_sampler_measures_plausible_limits():
+    from convs2s_bench.roofline import LimitSampler
+
+    copy, compute = LimitSampler(4, fallback_compute=123.0).sample()
+    assert 0.1 < copy < 10000 and compute is not None and compute > 0
+
+
 def test_bad_rows_name_the_problem(capsys):
     with pytest.raises(SystemExit) as exit_:
         step_profile.main(["--rows", "0,x"])

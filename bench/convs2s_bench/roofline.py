@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -52,7 +52,7 @@ def _native_bf16() -> bool:
     return native_bf16() is not None
 
 
-def fma_peak_gflops(repeats: int = 3) -> Optional[float]:
+def fma_peak_gflops(repeats: int = 3, iters: int = 20_000_000) -> Optional[float]:
     """Best-of-``repeats`` GFLOP/s of register-only fp32 multiply-adds on every thread at the
     instruction set the project's kernels run at (``csrc/fma_peak.cpp``; ``CONVS2S_KERNELS_ISA``
     caps it): the FMA units' limit, no GEMM above it. None without the C++ extension."""
@@ -60,7 +60,7 @@ def fma_peak_gflops(repeats: int = 3) -> Optional[float]:
 
     if unavailable_reason() is not None:
         return None
-    return max(native().fma_peak_gflops() for _ in range(max(1, repeats)))
+    return max(native().fma_peak_gflops(iters) for _ in range(max(1, repeats)))
 
 
 def int8_gemm_peak_gops(n: int = 2048, repeats: int = 5) -> float:
@@ -129,6 +129,40 @@ def copy_peak_gbps(device="cpu", megabytes: Optional[int] = None, repeats: int =
     read_secs = min(_best_seconds(lambda: torch.mv(matrix, vec), device, repeats),
                     _best_seconds(lambda: src.sum(), device, repeats))
     return max(2.0 * n * 4 / copy_secs, n * 4 / read_secs) / 1e9
+
+
+class LimitSampler:
+    """One quick sample of the machine's limits, to take beside each timed piece of work: a copy
+    and a sum over buffers of ``megabytes`` (on huge pages, as :func:`copy_peak_gbps`), and the
+    compute limit (fp32: the FMA units' register-only rate, about 10 ms; ``int8``: the cpp
+    ``linear_w8a8`` at 64 rows, :func:`int8_kernel_peak_gops`). On a VM whose vCPUs change speed
+    for seconds at a time (AMD EPYC Zen 3, 2 vCPUs), best-of limits measured once at the start
+    and a median of steps taken minutes later need not see the same machine; a sample beside each
+    step does. Without the C++ extension the compute limit is ``fallback_compute``."""
+
+    def __init__(self, megabytes: int, int8: bool = False, fallback_compute: Optional[float] = None):
+        from convs2s_kernels.huge_pages import on_huge_pages
+
+        n = max(megabytes * (1 << 20) // 4, 1024)
+        self._src = on_huge_pages(torch.randn(n))
+        self._dst = on_huge_pages(torch.empty_like(self._src))
+        self._int8, self._fallback = int8, fallback_compute
+
+    def _compute(self) -> Optional[float]:
+        if self._int8:
+            return int8_kernel_peak_gops(repeats=1) or self._fallback
+        return fma_peak_gflops(repeats=1, iters=5_000_000) or self._fallback
+
+    def sample(self) -> Tuple[float, Optional[float]]:
+        """(copy GB/s: the better of the copy, bytes read + written, and the sum, bytes read;
+        compute GFLOP/s or GOP/s)."""
+        nbytes = self._src.numel() * 4
+        t0 = time.perf_counter()
+        self._dst.copy_(self._src)
+        t1 = time.perf_counter()
+        self._src.sum()
+        t2 = time.perf_counter()
+        return max(2.0 * nbytes / (t1 - t0), nbytes / (t2 - t1)) / 1e9, self._compute()
 
 
 def measure_peaks(device="cpu", dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16),

@@ -2,6 +2,9 @@
 default backend) at a few row counts, its wall time against the machine's own limits measured
 in the same run (weight bytes / copy bandwidth, FLOPs / GEMM peak), and its ops' share from
 torch.profiler (the C++ kernels record themselves: ``convs2s::few_rows_nk`` / ``few_rows_kn``).
+The limits are also sampled right before every timed step (``roofline.LimitSampler``), and each
+step held against its own bound ("paired"): on a VM whose speed changes for seconds at a time,
+the best-of limits at the start and the steps' median need not see the same machine.
 
     python3 -m convs2s_bench.step_profile --arch fconv_wmt_en_fr --rows 1,12,160 --out profile.md
 
@@ -25,7 +28,7 @@ from convs2s.step_shapes import step_weight_bytes, step_weight_modules
 from convs2s_kernels.env import machine_description
 
 from .report import positive_ints, publish
-from .roofline import copy_peak_gbps, gemm_peak_gflops, int8_gemm_peak_gops
+from .roofline import LimitSampler, copy_peak_gbps, gemm_peak_gflops, int8_gemm_peak_gops
 
 SOURCE_LEN = 27  # the mean newstest source (25.4 subwords) rounded up, as in the peer workload
 
@@ -75,16 +78,22 @@ def _step_fn(model, rows: int, src_len: int):
     return step
 
 
-def profile_rows(model, rows: int, steps: int = 10, src_len: int = SOURCE_LEN) -> dict:
-    """Median step seconds, and each op's self time per step (ms) from 5 profiled steps."""
+def profile_rows(model, rows: int, steps: int = 40, src_len: int = SOURCE_LEN,
+                 sampler: Optional[LimitSampler] = None) -> dict:
+    """Median step seconds of ``steps`` steps, each right after a sample of the machine's limits
+    (``sampler``: ``limits``, one (copy GB/s, compute peak) per step), and each op's self time per
+    step (ms) from 5 profiled steps. 40 steps, not 10: on a 2-vCPU VM whose vCPUs changed speed
+    for seconds at a time, the median of 10 fell on either side of the change from run to run."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad():
         step = _step_fn(model, rows, src_len)
         for _ in range(3):
             step()
-        times = []
+        times, limits = [], []
         for _ in range(steps):
+            if sampler is not None:
+                limits.append(sampler.sample())
             t0 = time.perf_counter()
             step()
             times.append(time.perf_counter() - t0)
@@ -92,7 +101,20 @@ def profile_rows(model, rows: int, steps: int = 10, src_len: int = SOURCE_LEN) -
             for _ in range(5):
                 step()
     ops = {e.key: e.self_cpu_time_total / 1e3 / 5 for e in prof.key_averages()}
-    return dict(rows=rows, step_s=statistics.median(times), step_range=(min(times), max(times)), ops_ms=ops)
+    return dict(rows=rows, step_s=statistics.median(times), step_range=(min(times), max(times)), ops_ms=ops,
+                step_times=times, limits=limits)
+
+
+def paired_bounds(rec: dict) -> Optional[dict]:
+    """From a row count's steps and the limits sampled beside each: the median bound (ms) and the
+    median, lowest and highest of the per-step ratios step / bound; None without samples."""
+    pairs = [(t, max(rec["bytes"] / copy / 1e9, rec["flops"] / compute / 1e9 if compute else 0.0))
+             for t, (copy, compute) in zip(rec.get("step_times", []), rec.get("limits", []))]
+    if not pairs:
+        return None
+    ratios = [t / b for t, b in pairs]
+    return dict(bound_ms=statistics.median(b for _, b in pairs) * 1e3, ratio=statistics.median(ratios),
+                ratio_range=(min(ratios), max(ratios)))
 
 
 def format_profile(result: dict, top: int = 8) -> str:
@@ -105,22 +127,29 @@ def format_profile(result: dict, top: int = 8) -> str:
              f"source length {result['src_len']}; {m['cpu']}, {m['threads']} threads, "
              f"ISA {', '.join(m['isa'])}" + (f" (capped: {m['isa_caps']})" if m['isa_caps'] else "") +
              f"; kernels {result['kernels_isa']}.",
-             f"Limits measured in this run: copy {result['copy_gbps']:.1f} GB/s (a copy touching the step's "
-             f"{result.get('weight_mb', 0):.0f} MB of weights), {peak}. "
-             "Bound = max(weight bytes / copy bandwidth, FLOPs / compute peak).", "",
+             f"Limits measured in this run, best of 5 at its start: copy {result['copy_gbps']:.1f} GB/s (a copy "
+             f"touching the step's {result.get('weight_mb', 0):.0f} MB of weights), {peak}. "
+             "Bound = max(weight bytes / copy bandwidth, FLOPs / compute peak). 'paired': the limits sampled "
+             "again right before every timed step (a copy and a sum over the same bytes; "
+             + ("the int8 kernel at 64 rows" if result.get("int8") else "the FMA units' rate") +
+             "), each step held against its own bound; the median of those ratios (lowest-highest).", "",
              "Ops the profiler sees cover the share of the step in 'seen' (kernels built without "
              "RECORD_FUNCTION labels are invisible to it and fall outside).", "",
-             "| rows | step ms (median, range) | bound ms | step / bound | seen | top ops: ms per step (% of step) |",
-             "|---|---|---|---|---|---|"]
+             "| rows | step ms (median, range) | bound ms | step / bound | paired bound ms | paired step / bound "
+             "| seen | top ops: ms per step (% of step) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         step_ms = r["step_s"] * 1e3
         compute = result["int8_gops"] if result.get("int8") else result["gemm_gflops"]
         bound_ms = max(r["bytes"] / result["copy_gbps"] / 1e6, r["flops"] / compute / 1e6)
         ranked = sorted(r["ops_ms"].items(), key=lambda kv: -kv[1])[:top]
         ops = "; ".join(f"{k} {v:.2f} ({100 * v / step_ms:.0f}%)" for k, v in ranked)
+        paired = paired_bounds(r)
+        paired_cells = (f"{paired['bound_ms']:.2f} | {paired['ratio']:.2f}x ({paired['ratio_range'][0]:.2f}-"
+                        f"{paired['ratio_range'][1]:.2f})" if paired else "- | -")
         lines.append(f"| {r['rows']} | {step_ms:.2f} ({r['step_range'][0] * 1e3:.2f}-{r['step_range'][1] * 1e3:.2f}) | "
-                     f"{bound_ms:.2f} | {step_ms / bound_ms:.2f}x | {100 * sum(r['ops_ms'].values()) / step_ms:.0f}% | "
-                     f"{ops} |")
+                     f"{bound_ms:.2f} | {step_ms / bound_ms:.2f}x | {paired_cells} | "
+                     f"{100 * sum(r['ops_ms'].values()) / step_ms:.0f}% | {ops} |")
     return "\n".join(lines)
 
 
@@ -139,8 +168,10 @@ def run(arch: str, rows: Sequence[int], src_len: int = SOURCE_LEN, vocab: int = 
                   gemm_gflops=gemm_peak_gflops(), weight_mb=weight_bytes / 1e6, rows=[])
     if int8:
         result["int8_gops"] = int8_gemm_peak_gops()
+    sampler = LimitSampler(max(1, weight_bytes // 2 // (1 << 20)), int8=int8,
+                           fallback_compute=result.get("int8_gops") if int8 else result["gemm_gflops"])
     for r in rows:
-        rec = profile_rows(model, r, src_len=src_len)
+        rec = profile_rows(model, r, src_len=src_len, sampler=sampler)
         rec["bytes"], rec["flops"] = step_bounds(model, r, src_len)
         result["rows"].append(rec)
     return result

@@ -92,6 +92,32 @@ def test_the_packed_layout_is_column_blocks_of_the_weight(C):
     assert torch.equal(small, torch.arange(10.0))
 
 
+@torch.no_grad()
+def test_packed_kernels_give_the_same_bits_on_any_thread_count(C):
+    """The packed kernels deal their column blocks out to the threads in runs as threads come free
+    (parallel_runs): each block is computed whole by one thread, so the output must not depend on
+    the thread count or the schedule. 2050 columns: a ragged last block and a ragged last run."""
+    import convs2s_kernels as ck
+
+    K, N = 130, 2050
+    x, w, b = _operands(13, K, N, torch.float32, seed=5)
+    packed = C.pack_kn_weight(w.t().contiguous())
+    q = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=torch.Generator().manual_seed(6))
+    s = torch.rand(N, generator=torch.Generator().manual_seed(7)) / 127
+    q_packed = ck.pack_w8a8_weight(q)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append((C.small_gemm_kn_packed(x, packed, N, b), C.linear_w8a8(x, q, s, b, q_packed)))
+    finally:
+        torch.set_num_threads(before)
+    _close(outs[0][0], F.linear(x.double(), w.double(), b.double()), torch.float32)
+    for fp32, int8 in outs[1:]:
+        assert torch.equal(fp32, outs[0][0]) and torch.equal(int8, outs[0][1])
+
+
 def test_the_packed_kernel_refuses_another_layout(C):
     w = torch.randn(40, 70)
     p = C.pack_kn_weight(w)
