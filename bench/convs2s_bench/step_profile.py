@@ -80,8 +80,9 @@ def _step_fn(model, rows: int, src_len: int):
 
 def profile_rows(model, rows: int, steps: int = 40, src_len: int = SOURCE_LEN,
                  sampler: Optional[LimitSampler] = None) -> dict:
-    """Median step seconds of ``steps`` steps, each right after a sample of the machine's limits
-    (``sampler``: ``limits``, one (copy GB/s, compute peak) per step), and each op's self time per
+    """Median step seconds of ``steps`` steps, each shortly after a sample of the machine's limits
+    (``sampler``: ``limits``, one (copy GB/s, compute peak) per step; an untimed step between them
+    brings the weights back where they live between steps), and each op's self time per
     step (ms) from 5 profiled steps. 40 steps, not 10: on a 2-vCPU VM whose vCPUs changed speed
     for seconds at a time, the median of 10 fell on either side of the change from run to run."""
     from torch.profiler import ProfilerActivity, profile
@@ -94,6 +95,7 @@ def profile_rows(model, rows: int, steps: int = 40, src_len: int = SOURCE_LEN,
         for _ in range(steps):
             if sampler is not None:
                 limits.append(sampler.sample())
+                step()  # untimed: the sample's copy evicted the weights of a model that fits in the caches
             t0 = time.perf_counter()
             step()
             times.append(time.perf_counter() - t0)
