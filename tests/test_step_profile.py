@@ -66,7 +66,7 @@ def test_profile_table_has_a_line_per_row_count(monkeypatch):
 
 def test_paired_bound_holds_each_step_against_the_limits_sampled_beside_it():
     """Each step against the bound of its own sample: max(bytes / copy, FLOPs / compute), the
-    median of the ratios and their range; the table prints them."""
+    median of the ratios and their range."""
     rec = dict(bytes=2e9, flops=1e9, step_times=[0.2, 0.3, 0.5],
                limits=[(10.0, 100.0), (20.0, 5.0), (20.0, None)])
     # bounds: max(0.2, 0.01) = 0.2 s; max(0.1, 0.2) = 0.2 s (compute-bound); 0.1 s (no compute limit)
@@ -76,11 +76,14 @@ def test_paired_bound_holds_each_step_against_the_limits_sampled_beside_it():
     assert step_profile.paired_bounds(dict(bytes=1, flops=1)) is None
 
 
-def test_the_sampler_measures_plausible_limits():
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_sampler_measures_plausible_limits(int8):
     from convs2s_bench.roofline import LimitSampler
 
-    copy, compute = LimitSampler(4, fallback_compute=123.0).sample()
-    assert 0.1 < copy < 10000 and compute is not None and compute > 0
+    sampler = LimitSampler(4, int8=int8, fallback_compute=123.0)
+    for _ in range(2):  # the int8 product's operands are made once, used by every sample
+        copy, compute = sampler.sample()
+        assert 0.1 < copy < 10000 and compute is not None and compute > 0
 
 
 def test_bad_rows_name_the_problem(capsys):

@@ -81,6 +81,15 @@ def int8_kernel_peak_gops(n: int = 2048, rows: int = 64, repeats: int = 5) -> Op
     """Best-of-``repeats`` GOP/s of the cpp ``linear_w8a8`` (activations quantised per row, the
     packed weight) at ``rows`` rows of a hot ``n x n`` weight: the most the kernels a decoding step
     calls reach here. None without the C++ extension."""
+    product = _int8_kernel_product(n, rows)
+    if product is None:
+        return None
+    return 2.0 * rows * n * n / _best_seconds(product, torch.device("cpu"), repeats) / 1e9
+
+
+def _int8_kernel_product(n: int, rows: int) -> Optional[Callable[[], object]]:
+    """The cpp ``linear_w8a8`` of ``rows`` rows times a packed ``n x n`` int8 weight, operands made
+    once; None without the C++ extension."""
     import convs2s_kernels as ck
     from convs2s_kernels.extension import unavailable_reason
 
@@ -91,9 +100,7 @@ def int8_kernel_peak_gops(n: int = 2048, rows: int = 64, repeats: int = 5) -> Op
     scale = torch.rand(n, generator=gen) / 127
     x = torch.randn(rows, n, generator=gen)
     packed = ck.pack_w8a8_weight(q)
-    secs = _best_seconds(lambda: ck.linear_w8a8(x, q, scale, packed=packed, backend="cpp"), torch.device("cpu"),
-                         repeats)
-    return 2.0 * rows * n * n / secs / 1e9
+    return lambda: ck.linear_w8a8(x, q, scale, packed=packed, backend="cpp")
 
 
 def memory_buffer_megabytes(device="cpu") -> int:
@@ -114,21 +121,30 @@ def copy_peak_gbps(device="cpu", megabytes: Optional[int] = None, repeats: int =
     matrix-vector product read 20-30 GB/s on a Zen 5 where a sum read 87). Kernels that stream weights only read, and reading alone can outrun
     a copy, so a copy alone would be a limit they beat (the name stays: results files key on it)."""
     device = torch.device(device)
-    megabytes = megabytes or memory_buffer_megabytes(device)
-    n = max(megabytes * (1 << 20) // 4, 1024)
-    # on the CPU, buffers on huge pages, as the weights a decoding step streams are
-    # (convs2s_kernels.huge_pages): on 4 KB pages the same copy measured 47 or 90 GB/s by process
-    # on a Zen 5 VM, a limit the step's huge-page reads then beat
-    from convs2s_kernels.huge_pages import on_huge_pages
-
-    src = on_huge_pages(torch.randn(n, device=device))
-    dst = on_huge_pages(torch.empty_like(src))
+    src, dst = _copy_buffers(megabytes or memory_buffer_megabytes(device), device)
+    n = src.numel()
     copy_secs = _best_seconds(lambda: dst.copy_(src), device, repeats)
     cols = 1024 if n % 1024 == 0 else 1
     matrix, vec = src.view(-1, cols), torch.randn(cols, device=device)
     read_secs = min(_best_seconds(lambda: torch.mv(matrix, vec), device, repeats),
                     _best_seconds(lambda: src.sum(), device, repeats))
-    return max(2.0 * n * 4 / copy_secs, n * 4 / read_secs) / 1e9
+    return _bandwidth_gbps(src, copy_secs, read_secs)
+
+
+def _copy_buffers(megabytes: int, device=torch.device("cpu")) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(source, destination) of ``megabytes`` each. On the CPU on huge pages, as the weights a
+    decoding step streams are (convs2s_kernels.huge_pages): on 4 KB pages the same copy measured
+    47 or 90 GB/s by process on a Zen 5 VM, a limit the step's huge-page reads then beat."""
+    from convs2s_kernels.huge_pages import on_huge_pages
+
+    src = on_huge_pages(torch.randn(max(megabytes * (1 << 20) // 4, 1024), device=device))
+    return src, on_huge_pages(torch.empty_like(src))
+
+
+def _bandwidth_gbps(src: torch.Tensor, copy_secs: float, read_secs: float) -> float:
+    """GB/s: the better of a copy of ``src`` (bytes read + written) and a read-only pass over it."""
+    nbytes = src.numel() * src.element_size()
+    return max(2.0 * nbytes / copy_secs, nbytes / read_secs) / 1e9
 
 
 class LimitSampler:
@@ -140,29 +156,31 @@ class LimitSampler:
     and a median of steps taken minutes later need not see the same machine; a sample beside each
     step does. Without the C++ extension the compute limit is ``fallback_compute``."""
 
-    def __init__(self, megabytes: int, int8: bool = False, fallback_compute: Optional[float] = None):
-        from convs2s_kernels.huge_pages import on_huge_pages
+    _INT8_N, _INT8_ROWS = 2048, 64
 
-        n = max(megabytes * (1 << 20) // 4, 1024)
-        self._src = on_huge_pages(torch.randn(n))
-        self._dst = on_huge_pages(torch.empty_like(self._src))
+    def __init__(self, megabytes: int, int8: bool = False, fallback_compute: Optional[float] = None):
+        self._src, self._dst = _copy_buffers(megabytes)
+        # the int8 product's operands once, not per sample (a 4 MB weight drawn and packed each time)
+        self._int8_product = _int8_kernel_product(self._INT8_N, self._INT8_ROWS) if int8 else None
         self._int8, self._fallback = int8, fallback_compute
 
     def _compute(self) -> Optional[float]:
-        if self._int8:
-            return int8_kernel_peak_gops(repeats=1) or self._fallback
-        return fma_peak_gflops(repeats=1, iters=5_000_000) or self._fallback
+        if not self._int8:
+            return fma_peak_gflops(repeats=1, iters=5_000_000) or self._fallback
+        if self._int8_product is None:
+            return self._fallback
+        n, rows = self._INT8_N, self._INT8_ROWS
+        return 2.0 * rows * n * n / _best_seconds(self._int8_product, torch.device("cpu"), 1) / 1e9
 
     def sample(self) -> Tuple[float, Optional[float]]:
         """(copy GB/s: the better of the copy, bytes read + written, and the sum, bytes read;
         compute GFLOP/s or GOP/s)."""
-        nbytes = self._src.numel() * 4
         t0 = time.perf_counter()
         self._dst.copy_(self._src)
         t1 = time.perf_counter()
         self._src.sum()
         t2 = time.perf_counter()
-        return max(2.0 * nbytes / (t1 - t0), nbytes / (t2 - t1)) / 1e9, self._compute()
+        return _bandwidth_gbps(self._src, t1 - t0, t2 - t1), self._compute()
 
 
 def measure_peaks(device="cpu", dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16),
