@@ -284,9 +284,6 @@ CONVS2S_VNNI void w8a8_vnni(const Operands& g, int64_t rows, int64_t n0, int64_t
 // vpdpbusd adds into 16 distinct outputs.
 
 constexpr int64_t kPackedCols = 64;
-// Runs of column blocks per thread (parallel_runs), as the packed float kernel deals them: the int8
-// decoding steps of fconv_wmt_en_fr measured alike (within 1%) against fixed halves on the Zen 3 VM.
-constexpr int64_t kRunsPerThread = 8;
 // k in groups of 4, padded to whole 64-byte tiles (16 groups: one AMX tile of B, one 64-byte row of
 // activations); the layout's size in its second dimension.
 constexpr int64_t packed_k4(int64_t K) { return (K + 63) / 64 * 16; }
@@ -698,7 +695,7 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
   }
   // whole 64-column blocks per task (a packed weight is laid out in them), dealt out in runs
   const int64_t blocks = (N + kPackedCols - 1) / kPackedCols;
-  parallel_runs(blocks, kRunsPerThread, [&](int64_t b0, int64_t b1) {
+  parallel_runs(blocks, [&](int64_t b0, int64_t b1) {
     const int64_t n0 = b0 * kPackedCols, n1 = std::min(N, b1 * kPackedCols);
 #ifdef CONVS2S_X86
     if (amx) return w8a8_amx(g, M, n0, n1);

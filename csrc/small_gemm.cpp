@@ -457,9 +457,6 @@ template <typename W> void packed_blocks(const Gemm<W>& g, int64_t rows, int64_t
 
 }  // namespace
 
-// Runs of blocks per thread that small_gemm_kn_packed deals out (4, 8 and 16 measured alike within 3%).
-constexpr int64_t kPackedRunsPerThread = 8;
-
 int64_t kn_packed_width() { return kIsa == Isa::avx512 ? 4 * 16 : 2 * 8; }
 
 template <typename W>
@@ -474,7 +471,7 @@ void small_gemm_kn_packed(int64_t rows, const float* x, int64_t ldx, const W* pa
   // vCPUs ran alike and 26.8-32.8 ms where one was slower; runs took 0.76-0.81x of that there
   // (1, 6 and 15 rows 0.90-0.93x) and alike within 1-2% elsewhere. Whole decoding steps, paired
   // medians: 0.93-0.97x at 10-20 rows, alike at 1-5 (bench/results/amd-zen3-2c)
-  parallel_runs(blocks, kPackedRunsPerThread, [&](int64_t b0, int64_t b1) { packed_blocks(g, rows, b0, b1); });
+  parallel_runs(blocks, [&](int64_t b0, int64_t b1) { packed_blocks(g, rows, b0, b1); });
 }
 
 at::Tensor pack_kn_weight(const at::Tensor& w) {
