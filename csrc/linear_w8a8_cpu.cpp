@@ -446,6 +446,12 @@ CONVS2S_AVX2 inline __m256i load_weight(const int8_t* w, int64_t k, int64_t K) {
 }
 
 typedef Vec<v8>::i32 I32x8;
+
+// Lines [from, from + 64 * lines) that a pass over one block prefetches into L2 while it computes.
+struct PrefetchShare {
+  const int8_t* from;
+  int64_t lines;
+};
 template <int NT>
 CONVS2S_AVX2 CONVS2S_INLINE __m256i pick(const I32x8 (&v)[NT], int j) { return j < NT ? __m256i(v[j]) : _mm256_setzero_si256(); }
 
@@ -490,13 +496,16 @@ CONVS2S_AVX2 void w8a8_avx2(const Operands& g, int64_t rows, int64_t n0, int64_t
 // row's 4 activation bytes broadcast against it, sign moved as above; no horizontal sums.
 template <int MT>
 CONVS2S_AVX2 inline void avx2_packed_tile(const Operands& g, const int8_t* buf, int64_t K4, int64_t r, int64_t n,
-                                          int64_t cols) {
+                                          int64_t cols, const PrefetchShare& share) {
   constexpr int V = 4;
   I32x8 acc[MT][V];  // GCC vectors, as the VNNI tiles' (dpbusd): __m256i ones were kept on the stack
   for (int m = 0; m < MT; ++m)
     for (int v = 0; v < V; ++v) acc[m][v] = I32x8{};
   const __m256i ones = _mm256_set1_epi16(1);
+  int64_t due = 0, line = 0;
   for (int64_t k4 = 0; k4 < K4; ++k4) {
+    // share.lines lines spread evenly over the K4 steps (a line every K4 / lines steps, or several a step)
+    for (due += share.lines; due >= K4; due -= K4) __builtin_prefetch(share.from + 64 * line++, 0, 2);
     __m256i wv[V];
     for (int v = 0; v < V; ++v) wv[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(buf + (k4 * kPackedCols + 8 * v) * 4));
     for (int m = 0; m < MT; ++m) {
@@ -528,11 +537,23 @@ CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, 
   for (int64_t n = n0; n < n1; n += kPackedCols) {
     const int64_t cols = std::min(kPackedCols, n1 - n);
     const int8_t* buf = weight_block(g, n, cols, K4, scratch);
+    // Each pass over this block (halves x row tiles) asks for an equal share of the next block's
+    // lines into L2 while it computes, so that the memory streams while the later passes work
+    // from the caches: with the hardware prefetchers alone it sat idle then. Sweeps of a decoding
+    // step's packed int8 weights (119 MB, AVX2, Zen 3 VM, 2 threads, paired): 0.95x at 1 row,
+    // 0.84x at 5, 0.88x at 8, 0.91x at 12, 0.92x at 16; two blocks ahead, or the share spread
+    // over the first half of the passes, measured the same.
+    const int64_t passes = (cols + kPackedCols / 2 - 1) / (kPackedCols / 2) * ((rows + MT - 1) / MT);
+    const int64_t next_lines = g.packed && n + kPackedCols < n1 ? kPackedBlockBytes(K4) / 64 : 0;
+    int64_t pass = 0;
     for (int64_t half = 0; half < cols; half += kPackedCols / 2)
-      for (int64_t r = 0; r < rows; r += MT)
+      for (int64_t r = 0; r < rows; r += MT, ++pass) {
+        const int64_t l0 = next_lines * pass / passes, l1 = next_lines * (pass + 1) / passes;
+        const PrefetchShare share{buf + kPackedBlockBytes(K4) + 64 * l0, l1 - l0};
         CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
                             (avx2_packed_tile<M>(g, buf + half * 4, K4, r, n + half,
-                                                 std::min<int64_t>(kPackedCols / 2, cols - half))))
+                                                 std::min<int64_t>(kPackedCols / 2, cols - half), share)))
+      }
   }
 }
 
