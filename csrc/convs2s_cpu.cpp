@@ -79,6 +79,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bias") = py::none());
   m.def("fma_peak_gflops", &convs2s::fma_peak_gflops, "GFLOP/s of register-only multiply-adds on every thread, "
         "at the kernels' instruction set (the machine's compute limit)", py::arg("iters") = 20000000);
+  m.def("int8_dot_peak_gops", &convs2s::int8_dot_peak_gops, "GOP/s of register-only exact int8 dot products on every "
+        "thread, in the instructions linear_w8a8's kernels use (0 where they have none)", py::arg("iters") = 20000000);
   m.def("huge_page_copy", &convs2s::huge_page_copy, "a contiguous copy of a CPU tensor on 2 MB transparent huge pages "
         "(advised; ordinary memory where the kernel grants none, or under 2 MB)", py::arg("t"));
   m.def("pack_kn_weight", &convs2s::pack_kn_weight, "a (K, N) weight in small_gemm_kn_packed's layout", py::arg("w"));

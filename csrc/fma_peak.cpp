@@ -1,4 +1,4 @@
-// The FMA units' peak, measured: the compute limit a roofline divides by.
+// The FMA units' peak, and the int8 dot products', measured: the compute limits a roofline divides by.
 //
 // A library GEMM is not always the machine's peak: MKL's fp32 GEMM runs its AVX2 code on AMD
 // CPUs, so on an AVX-512 AMD EPYC (Zen 5) it measured 237 GFLOP/s with 2 threads while the
@@ -85,20 +85,114 @@ float run(Isa isa, int64_t iters) {
 // Multiply-adds per round of one thread: chains x lanes.
 int per_round(Isa isa) { return isa == Isa::avx512 ? kChainsFor<20> * 16 : isa == Isa::avx2 ? kChainsFor<16> * 8 : kChainsFor<16> * 4; }
 
+// ---- the int8 dot products' rate: exact int8 x int8 -> int32 multiply-adds on registers ----
+// The instructions linear_w8a8's kernels multiply with, in the same mix (linear_w8a8_cpu.cpp):
+// AVX-512 VNNI's vpdpbusd (64 multiply-adds), or AVX2's vpsignb + vpmaddubsw + vpmaddwd + vpaddd
+// (32). On the Zen 3 VM the AVX2 group ran at 0.8 per cycle (1.6x the FMA units' multiply-adds);
+// the packed kernel reached ~75% of it on a weight in the caches, its loads and sums the rest.
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dot_vnni(int64_t iters) {
+  constexpr int kChains = kChainsFor<20>;  // vpdpbusd's latency (5) on two pipes, as the FMA chains
+  __m512i acc[kChains];
+  const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-5);
+  for (int a = 0; a < kChains; ++a) acc[a] = _mm512_set1_epi32(a);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int a = 0; a < kChains; ++a) acc[a] = _mm512_dpbusd_epi32(acc[a], u, s);
+  __m512i sum = acc[0];
+  for (int a = 1; a < kChains; ++a) sum = _mm512_add_epi32(sum, acc[a]);
+  return _mm512_reduce_add_epi32(sum);
+}
+
+// Eight groups a round, in assembly: written with intrinsics, every group's product is the same
+// loop-invariant value and the compiler computes it once, leaving the adds alone.
+#define CONVS2S_DOT_GROUP(acc)                                 \
+  "vpsignb %%ymm0, %%ymm1, %%ymm3\n\t"                           \
+  "vpmaddubsw %%ymm3, %%ymm0, %%ymm3\n\t"                        \
+  "vpmaddwd %%ymm2, %%ymm3, %%ymm3\n\t"                          \
+  "vpaddd %%ymm3, %%ymm" #acc ", %%ymm" #acc "\n\t"
+__attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters) {
+  constexpr int kChains = 8;
+  alignas(32) int32_t out[kChains * 8];
+  if (iters > 0)
+    asm volatile(
+        "vpcmpeqd %%ymm2, %%ymm2, %%ymm2\n\t"
+        "vpabsw %%ymm2, %%ymm2\n\t"  // int16 ones (vpmaddwd's pair sums)
+        "vpabsb %%ymm2, %%ymm0\n\t"  // bytes 1 (unsigned activations)
+        "vpcmpeqd %%ymm1, %%ymm1, %%ymm1\n\t"  // bytes -1 (signed weights)
+        "vpxor %%ymm8, %%ymm8, %%ymm8\n\t" "vpxor %%ymm9, %%ymm9, %%ymm9\n\t"
+        "vpxor %%ymm10, %%ymm10, %%ymm10\n\t" "vpxor %%ymm11, %%ymm11, %%ymm11\n\t"
+        "vpxor %%ymm12, %%ymm12, %%ymm12\n\t" "vpxor %%ymm13, %%ymm13, %%ymm13\n\t"
+        "vpxor %%ymm14, %%ymm14, %%ymm14\n\t" "vpxor %%ymm15, %%ymm15, %%ymm15\n\t"
+        "1:\n\t"
+        CONVS2S_DOT_GROUP(8) CONVS2S_DOT_GROUP(9) CONVS2S_DOT_GROUP(10) CONVS2S_DOT_GROUP(11)
+        CONVS2S_DOT_GROUP(12) CONVS2S_DOT_GROUP(13) CONVS2S_DOT_GROUP(14) CONVS2S_DOT_GROUP(15)
+        "dec %[n]\n\t"
+        "jnz 1b\n\t"
+        "vmovdqa %%ymm8, (%[out])\n\t" "vmovdqa %%ymm9, 32(%[out])\n\t"
+        "vmovdqa %%ymm10, 64(%[out])\n\t" "vmovdqa %%ymm11, 96(%[out])\n\t"
+        "vmovdqa %%ymm12, 128(%[out])\n\t" "vmovdqa %%ymm13, 160(%[out])\n\t"
+        "vmovdqa %%ymm14, 192(%[out])\n\t" "vmovdqa %%ymm15, 224(%[out])\n\t"
+        "vzeroupper\n\t"
+        : [n] "+r"(iters)
+        : [out] "r"(out)
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15",
+          "cc", "memory");
+  int64_t sum = 0;
+  for (int32_t v : out) sum += v;
+  return sum;
+}
+#undef CONVS2S_DOT_GROUP
+#endif
+
+// Multiply-adds per round of one thread at the int8 kernels' instruction set; 0 where they have no
+// SIMD dot product (the baseline's plain integer loops have no register rate to speak of).
+int dot_per_round() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (kernel_has_vnni()) return kChainsFor<20> * 64;
+  if (kernel_isa() != Isa::base) return 8 * 32;
+#endif
+  return 0;
+}
+
+int64_t run_dot(int64_t iters) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (kernel_has_vnni()) return dot_vnni(iters);
+  if (kernel_isa() != Isa::base) return dot_avx2(iters);
+#endif
+  (void)iters;
+  return 0;
+}
+
+// Seconds that `body` takes on every thread at once.
+template <typename F> double seconds_on_every_thread(const F& body) {
+  const int threads = at::get_num_threads();
+  const auto t0 = std::chrono::steady_clock::now();
+  at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) body();
+  });
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
+
+double int8_dot_peak_gops(int64_t iters) {
+  TORCH_CHECK(iters >= 1, "int8_dot_peak_gops: iters must be positive");
+  const int per_round = dot_per_round();
+  if (per_round == 0) return 0.0;
+  std::atomic<int64_t> sink{0};  // the results are used, so the loops are not removed
+  const double secs = seconds_on_every_thread([&] { sink += run_dot(iters); });
+  TORCH_CHECK(sink.load() != 0, "int8_dot_peak_gops: the loops produced nothing");
+  return 2.0 * double(iters) * per_round * at::get_num_threads() / secs / 1e9;
+}
 
 double fma_peak_gflops(int64_t iters) {
   TORCH_CHECK(iters >= 1, "fma_peak_gflops: iters must be positive");
   const Isa isa = kernel_isa();
-  const int threads = at::get_num_threads();
   std::atomic<float> sink{0.f};  // the results are used, so the loops are not removed
-  const auto t0 = std::chrono::steady_clock::now();
-  at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) sink = sink + run(isa, iters);
-  });
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = seconds_on_every_thread([&] { sink = sink + run(isa, iters); });
   TORCH_CHECK(sink.load() != 0.f, "fma_peak_gflops: the loops produced nothing");
-  return 2.0 * double(iters) * per_round(isa) * threads / secs / 1e9;
+  return 2.0 * double(iters) * per_round(isa) * at::get_num_threads() / secs / 1e9;
 }
 
 }  // namespace convs2s

@@ -33,6 +33,9 @@ std::vector<at::Tensor> beam_update(const at::Tensor& cand_scores, const at::Ten
 // GFLOP/s of register-only multiply-adds on every thread at the kernels' instruction set
 // (fma_peak.cpp): the compute limit a roofline divides by; `iters` rounds per thread.
 double fma_peak_gflops(int64_t iters);
+// GOP/s (2 per multiply-add) of register-only exact int8 dot products on every thread, in the
+// instructions linear_w8a8's kernels use (VNNI, or AVX2's vpmaddubsw sequence); 0 on the baseline.
+double int8_dot_peak_gops(int64_t iters);
 // The conv step's input window (N, k, C_in): state rows gathered by beam_index (or in order),
 // shifted, x_t appended; the new state is its last k - 1 steps.
 at::Tensor conv_window(const at::Tensor& x_t, const at::Tensor& state, const c10::optional<at::Tensor>& beam_index);

@@ -62,11 +62,35 @@ def test_the_copy_bandwidth_is_measured_on_huge_pages(monkeypatch):
     assert placed == [1 << 20, 1 << 20]  # source and destination
 
 
-def test_the_int8_peak_is_no_lower_than_the_project_int8_kernel(monkeypatch):
+def test_the_int8_peak_is_no_lower_than_the_project_int8_kernel_or_its_instructions(monkeypatch):
     # without VNNI torch._int_mm ran at 2 GOP/s on a Zen 3 while the step's int8 kernel ran near
-    # 100: the step profile's int8 bound must not come from the library alone
+    # 100: the step profile's int8 bound must not come from the library alone, nor from the kernel
+    # alone (it ran at ~75% of its instructions' rate there)
     assert roofline.int8_kernel_peak_gops(n=64, rows=8, repeats=1) > 0
     monkeypatch.setattr(roofline, "int8_kernel_peak_gops", lambda n, repeats: 1e9)
     assert roofline.int8_gemm_peak_gops(n=64, repeats=1) == 1e9
     monkeypatch.setattr(roofline, "int8_kernel_peak_gops", lambda n, repeats: None)
+    monkeypatch.setattr(roofline, "int8_dot_peak_gops", lambda repeats=3: 1e9)
+    assert roofline.int8_gemm_peak_gops(n=64, repeats=1) == 1e9
+    monkeypatch.setattr(roofline, "int8_dot_peak_gops", lambda repeats=3: None)
     assert 0 < roofline.int8_gemm_peak_gops(n=64, repeats=1) < 1e9
+
+
+def test_the_int8_kernel_runs_below_its_instructions_register_rate():
+    """The int8 dot products' register-only rate bounds the int8 kernel that multiplies with the
+    same instructions (a fraction of peak above 1 would be a miscount), and follows the ISA cap:
+    none on the baseline, whose kernel has no SIMD dot product."""
+    code = ("import torch; from convs2s_bench import roofline; from convs2s_kernels.extension import native\n"
+            "torch.set_num_threads(1)\n"
+            "print(native().linear_w8a8_isa(), roofline.int8_dot_peak_gops(repeats=3),"
+            " roofline.int8_kernel_peak_gops(n=1024, rows=64, repeats=3))")
+    for cap in ("avx2", "baseline"):
+        env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        isa, dot, kernel = out.stdout.split()
+        if cap == "baseline":
+            assert isa == "baseline" and dot == "None"
+        else:
+            assert isa == "avx2", "capped at AVX2, the int8 kernels run their AVX2 code"
+            assert 0 < float(kernel) < 1.05 * float(dot), (kernel, dot)

@@ -64,17 +64,33 @@ def fma_peak_gflops(repeats: int = 3, iters: int = 20_000_000) -> Optional[float
 
 
 def int8_gemm_peak_gops(n: int = 2048, repeats: int = 5) -> float:
-    """Best-of-``repeats`` GOP/s (2 per multiply-add) of an ``n^3`` int8 x int8 -> int32 product on
-    the CPU through the math library (``torch._int_mm``: oneDNN, AMX-INT8 or VNNI where it has
-    them, within ``ONEDNN_MAX_CPU_ISA``), or of the project's own int8 kernel where that is faster
-    (:func:`int8_kernel_peak_gops`): without VNNI, ``_int_mm`` ran at 2 GOP/s (AMD EPYC Zen 3,
-    AVX2) while the decoding step's int8 products ran near 100, so it was no limit of theirs."""
+    """Best-of-``repeats`` GOP/s (2 per multiply-add) of exact int8 x int8 -> int32 products on the
+    CPU: the best of an ``n^3`` product through the math library (``torch._int_mm``: oneDNN,
+    AMX-INT8 or VNNI where it has them, within ``ONEDNN_MAX_CPU_ISA``), the project's own int8
+    kernel (:func:`int8_kernel_peak_gops`) and the int8 dot products' register-only rate
+    (:func:`int8_dot_peak_gops`). Without VNNI, ``_int_mm`` ran at 2 GOP/s (AMD EPYC Zen 3, AVX2)
+    while the decoding step's int8 products ran near 100, so it was no limit of theirs; and a
+    limit the kernel itself sets would hide how far below the instructions' rate it runs."""
     device = torch.device("cpu")
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
     b = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
     secs = _best_seconds(lambda: torch._int_mm(a, b), device, repeats)
-    return max(2.0 * n ** 3 / secs / 1e9, int8_kernel_peak_gops(n, repeats=repeats) or 0.0)
+    return max(2.0 * n ** 3 / secs / 1e9, int8_kernel_peak_gops(n, repeats=repeats) or 0.0,
+               int8_dot_peak_gops(repeats=min(repeats, 3)) or 0.0)
+
+
+def int8_dot_peak_gops(repeats: int = 3, iters: int = 5_000_000) -> Optional[float]:
+    """Best-of-``repeats`` GOP/s of register-only exact int8 dot products on every thread, in the
+    instructions the cpp ``linear_w8a8`` multiplies with (``csrc/fma_peak.cpp``: AVX-512 VNNI's
+    vpdpbusd, or AVX2's vpsignb + vpmaddubsw + vpmaddwd + vpaddd; within ``CONVS2S_KERNELS_ISA``):
+    the int8 counterpart of :func:`fma_peak_gflops`. None without the C++ extension or on the
+    baseline (no SIMD dot product)."""
+    from convs2s_kernels.extension import native, unavailable_reason
+
+    if unavailable_reason() is not None:
+        return None
+    return max(native().int8_dot_peak_gops(iters) for _ in range(max(1, repeats))) or None
 
 
 def int8_kernel_peak_gops(n: int = 2048, rows: int = 64, repeats: int = 5) -> Optional[float]:
@@ -150,8 +166,9 @@ def _bandwidth_gbps(src: torch.Tensor, copy_secs: float, read_secs: float) -> fl
 class LimitSampler:
     """One quick sample of the machine's limits, to take beside each timed piece of work: a copy
     and a sum over buffers of ``megabytes`` (on huge pages, as :func:`copy_peak_gbps`), and the
-    compute limit (fp32: the FMA units' register-only rate, about 10 ms; ``int8``: the cpp
-    ``linear_w8a8`` at 64 rows, :func:`int8_kernel_peak_gops`). On a VM whose vCPUs change speed
+    compute limit (fp32: the FMA units' register-only rate, about 10 ms; ``int8``: the better of
+    the int8 dot products' register-only rate, :func:`int8_dot_peak_gops`, and the cpp
+    ``linear_w8a8`` at 64 rows, :func:`int8_kernel_peak_gops`, which AMX can put above it). On a VM whose vCPUs change speed
     for seconds at a time (AMD EPYC Zen 3, 2 vCPUs), best-of limits measured once at the start
     and a median of steps taken minutes later need not see the same machine; a sample beside each
     step does. Without the C++ extension the compute limit is ``fallback_compute``."""
@@ -170,7 +187,8 @@ class LimitSampler:
         if self._int8_product is None:
             return self._fallback
         n, rows = self._INT8_N, self._INT8_ROWS
-        return 2.0 * rows * n * n / _best_seconds(self._int8_product, torch.device("cpu"), 1) / 1e9
+        kernel = 2.0 * rows * n * n / _best_seconds(self._int8_product, torch.device("cpu"), 1) / 1e9
+        return max(kernel, int8_dot_peak_gops(repeats=1, iters=1_000_000) or 0.0)
 
     def sample(self) -> Tuple[float, Optional[float]]:
         """(copy GB/s: the better of the copy, bytes read + written, and the sum, bytes read;

@@ -10,8 +10,8 @@ the best-of limits at the start and the steps' median need not see the same mach
 
 ``--int8``: the decoder's int8 weights and activations (``quantize_decoder_int8``): the bound's
 bytes are the int8 weights and their scales, its compute limit the int8 peak (the better of
-``torch._int_mm`` and the cpp ``linear_w8a8`` at 64 rows: ``roofline.int8_gemm_peak_gops``) instead
-of the fp32 one.
+``torch._int_mm``, the cpp ``linear_w8a8`` at 64 rows and the int8 dot products' register-only
+rate: ``roofline.int8_gemm_peak_gops``) instead of the fp32 one.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def paired_bounds(rec: dict) -> Optional[dict]:
 def format_profile(result: dict, top: int = 8) -> str:
     m = result["machine"]
     dtype = "int8 decoder weights and activations" if result.get("int8") else "fp32"
-    peak = (f"int8 {result['int8_gops']:.0f} GOP/s (the better of torch._int_mm and the cpp linear_w8a8 at 64 rows)" if result.get("int8")
+    peak = (f"int8 {result['int8_gops']:.0f} GOP/s (the best of torch._int_mm, the cpp linear_w8a8 at 64 rows and the int8 dot products' register-only rate)" if result.get("int8")
             else f"fp32 peak {result['gemm_gflops']:.0f} GFLOP/s (the better of ATen's GEMM and the FMA units' "
                  "register-only rate)")
     lines = [f"Decoding-step profile, {result['arch']} (random weights, folded attention, backend auto, {dtype}), "
@@ -133,7 +133,7 @@ def format_profile(result: dict, top: int = 8) -> str:
              f"touching the step's {result.get('weight_mb', 0):.0f} MB of weights), {peak}. "
              "Bound = max(weight bytes / copy bandwidth, FLOPs / compute peak). 'paired': the limits sampled "
              "again right before every timed step (a copy and a sum over the same bytes; "
-             + ("the int8 kernel at 64 rows" if result.get("int8") else "the FMA units' rate") +
+             + ("the better of the int8 dot products' register-only rate and the int8 kernel at 64 rows" if result.get("int8") else "the FMA units' rate") +
              "), each step held against its own bound; the median of those ratios (lowest-highest).", "",
              "Ops the profiler sees cover the share of the step in 'seen' (kernels built without "
              "RECORD_FUNCTION labels are invisible to it and fall outside).", "",
