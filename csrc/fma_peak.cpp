@@ -113,13 +113,12 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dot_vnni(int64_t 
   "vpaddd %%ymm3, %%ymm" #acc ", %%ymm" #acc "\n\t"
 __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters) {
   constexpr int kChains = 8;
-  alignas(32) int32_t out[kChains * 8];
+  alignas(32) int32_t out[kChains * 8] = {};
   if (iters > 0)
     asm volatile(
-        "vpcmpeqd %%ymm2, %%ymm2, %%ymm2\n\t"
-        "vpabsw %%ymm2, %%ymm2\n\t"  // int16 ones (vpmaddwd's pair sums)
-        "vpabsb %%ymm2, %%ymm0\n\t"  // bytes 1 (unsigned activations)
         "vpcmpeqd %%ymm1, %%ymm1, %%ymm1\n\t"  // bytes -1 (signed weights)
+        "vpabsb %%ymm1, %%ymm0\n\t"  // bytes 1 (unsigned activations)
+        "vpabsw %%ymm1, %%ymm2\n\t"  // int16 ones (vpmaddwd's pair sums)
         "vpxor %%ymm8, %%ymm8, %%ymm8\n\t" "vpxor %%ymm9, %%ymm9, %%ymm9\n\t"
         "vpxor %%ymm10, %%ymm10, %%ymm10\n\t" "vpxor %%ymm11, %%ymm11, %%ymm11\n\t"
         "vpxor %%ymm12, %%ymm12, %%ymm12\n\t" "vpxor %%ymm13, %%ymm13, %%ymm13\n\t"
@@ -136,8 +135,9 @@ __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters) {
         "vzeroupper\n\t"
         : [n] "+r"(iters)
         : [out] "r"(out)
-        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15",
-          "cc", "memory");
+        // vzeroupper clears the upper halves of every ymm register, so all sixteen are clobbered
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+          "xmm13", "xmm14", "xmm15", "cc", "memory");
   int64_t sum = 0;
   for (int32_t v : out) sum += v;
   return sum;

@@ -70,9 +70,9 @@ def test_the_int8_peak_is_no_lower_than_the_project_int8_kernel_or_its_instructi
     monkeypatch.setattr(roofline, "int8_kernel_peak_gops", lambda n, repeats: 1e9)
     assert roofline.int8_gemm_peak_gops(n=64, repeats=1) == 1e9
     monkeypatch.setattr(roofline, "int8_kernel_peak_gops", lambda n, repeats: None)
-    monkeypatch.setattr(roofline, "int8_dot_peak_gops", lambda repeats=3: 1e9)
+    monkeypatch.setattr(roofline, "int8_dot_peak_gops", lambda **_: 1e9)
     assert roofline.int8_gemm_peak_gops(n=64, repeats=1) == 1e9
-    monkeypatch.setattr(roofline, "int8_dot_peak_gops", lambda repeats=3: None)
+    monkeypatch.setattr(roofline, "int8_dot_peak_gops", lambda **_: None)
     assert 0 < roofline.int8_gemm_peak_gops(n=64, repeats=1) < 1e9
 
 
@@ -80,17 +80,26 @@ def test_the_int8_kernel_runs_below_its_instructions_register_rate():
     """The int8 dot products' register-only rate bounds the int8 kernel that multiplies with the
     same instructions (a fraction of peak above 1 would be a miscount), and follows the ISA cap:
     none on the baseline, whose kernel has no SIMD dot product."""
+    # the dot rate before and after the kernel, the better of the two: on a VM whose vCPUs slow down
+    # for seconds at a time, one short sample may land in a slow spell that the kernel missed
     code = ("import torch; from convs2s_bench import roofline; from convs2s_kernels.extension import native\n"
             "torch.set_num_threads(1)\n"
-            "print(native().linear_w8a8_isa(), roofline.int8_dot_peak_gops(repeats=3),"
-            " roofline.int8_kernel_peak_gops(n=1024, rows=64, repeats=3))")
+            "before = roofline.int8_dot_peak_gops(repeats=3)\n"
+            "kernel = roofline.int8_kernel_peak_gops(n=1024, rows=64, repeats=3)\n"
+            "after = roofline.int8_dot_peak_gops(repeats=3)\n"
+            "print(native().linear_w8a8_isa(), None if before is None else max(before, after), kernel,"
+            " roofline.fma_peak_gflops(repeats=2))")
     for cap in ("avx2", "baseline"):
-        env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)
+        # oneDNN capped too: on a VNNI CPU the library's exact int8 GEMM would otherwise take the
+        # 64-row product, faster than any AVX2 instruction rate
+        env = dict(os.environ, CONVS2S_KERNELS_ISA=cap, ONEDNN_MAX_CPU_ISA="AVX2")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
-        isa, dot, kernel = out.stdout.split()
+        isa, dot, kernel, fma = out.stdout.split()
         if cap == "baseline":
             assert isa == "baseline" and dot == "None"
         else:
             assert isa == "avx2", "capped at AVX2, the int8 kernels run their AVX2 code"
-            assert 0 < float(kernel) < 1.05 * float(dot), (kernel, dot)
+            assert 0 < float(kernel) < 1.15 * float(dot), (kernel, dot)
+            # 32 multiply-adds per 2 multiplies against 8 per FMA: at most 4x the FMA units' rate
+            assert float(dot) < 4 * float(fma), (dot, fma)

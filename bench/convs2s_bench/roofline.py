@@ -168,10 +168,10 @@ class LimitSampler:
     and a sum over buffers of ``megabytes`` (on huge pages, as :func:`copy_peak_gbps`), and the
     compute limit (fp32: the FMA units' register-only rate, about 10 ms; ``int8``: the better of
     the int8 dot products' register-only rate, :func:`int8_dot_peak_gops`, and the cpp
-    ``linear_w8a8`` at 64 rows, :func:`int8_kernel_peak_gops`, which AMX can put above it). On a VM whose vCPUs change speed
-    for seconds at a time (AMD EPYC Zen 3, 2 vCPUs), best-of limits measured once at the start
-    and a median of steps taken minutes later need not see the same machine; a sample beside each
-    step does. Without the C++ extension the compute limit is ``fallback_compute``."""
+    ``linear_w8a8`` at 64 rows, :func:`int8_kernel_peak_gops`, which AMX can put above it). On a
+    VM whose vCPUs change speed for seconds at a time (AMD EPYC Zen 3, 2 vCPUs), best-of limits
+    measured once at the start and a median of steps taken minutes later need not see the same
+    machine; a sample beside each step does. Without the C++ extension the compute limit is ``fallback_compute``."""
 
     _INT8_N, _INT8_ROWS = 2048, 64
 
