@@ -91,9 +91,13 @@ int per_round(Isa isa) { return isa == Isa::avx512 ? kChainsFor<20> * 16 : isa =
 // (32). On the Zen 3 VM the AVX2 group ran at 0.8 per cycle (1.6x the FMA units' multiply-adds);
 // the packed kernel reached ~75% of it on a weight in the caches, its loads and sums the rest.
 
+// Accumulators per thread: VNNI's as the FMA chains (vpdpbusd's latency 5 on two pipes); AVX2's
+// fixed by the assembly below (ymm8-15).
+constexpr int kDotChainsVnni = kChainsFor<20>, kDotChainsAvx2 = 8;
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dot_vnni(int64_t iters) {
-  constexpr int kChains = kChainsFor<20>;  // vpdpbusd's latency (5) on two pipes, as the FMA chains
+  constexpr int kChains = kDotChainsVnni;
   __m512i acc[kChains];
   const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-5);
   for (int a = 0; a < kChains; ++a) acc[a] = _mm512_set1_epi32(a);
@@ -112,8 +116,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dot_vnni(int64_t 
   "vpmaddwd %%ymm2, %%ymm3, %%ymm3\n\t"                          \
   "vpaddd %%ymm3, %%ymm" #acc ", %%ymm" #acc "\n\t"
 __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters) {
-  constexpr int kChains = 8;
-  alignas(32) int32_t out[kChains * 8] = {};
+  alignas(32) int32_t out[kDotChainsAvx2 * 8] = {};
   if (iters > 0)
     asm volatile(
         "vpcmpeqd %%ymm1, %%ymm1, %%ymm1\n\t"  // bytes -1 (signed weights)
@@ -145,23 +148,20 @@ __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters) {
 #undef CONVS2S_DOT_GROUP
 #endif
 
-// Multiply-adds per round of one thread at the int8 kernels' instruction set; 0 where they have no
-// SIMD dot product (the baseline's plain integer loops have no register rate to speak of).
-int dot_per_round() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (kernel_has_vnni()) return kChainsFor<20> * 64;
-  if (kernel_isa() != Isa::base) return 8 * 32;
-#endif
-  return 0;
-}
+// The int8 kernels' loop at their instruction set and its multiply-adds per round of one thread;
+// none where they have no SIMD dot product (the baseline's plain integer loops have no register
+// rate to speak of).
+struct DotLoop {
+  int64_t (*run)(int64_t iters);
+  int per_round;
+};
 
-int64_t run_dot(int64_t iters) {
+DotLoop dot_loop() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (kernel_has_vnni()) return dot_vnni(iters);
-  if (kernel_isa() != Isa::base) return dot_avx2(iters);
+  if (kernel_has_vnni()) return {dot_vnni, kDotChainsVnni * 64};
+  if (kernel_isa() != Isa::base) return {dot_avx2, kDotChainsAvx2 * 32};
 #endif
-  (void)iters;
-  return 0;
+  return {nullptr, 0};
 }
 
 // Seconds that `body` takes on every thread at once.
@@ -178,12 +178,12 @@ template <typename F> double seconds_on_every_thread(const F& body) {
 
 double int8_dot_peak_gops(int64_t iters) {
   TORCH_CHECK(iters >= 1, "int8_dot_peak_gops: iters must be positive");
-  const int per_round = dot_per_round();
-  if (per_round == 0) return 0.0;
+  const DotLoop loop = dot_loop();
+  if (!loop.run) return 0.0;
   std::atomic<int64_t> sink{0};  // the results are used, so the loops are not removed
-  const double secs = seconds_on_every_thread([&] { sink += run_dot(iters); });
+  const double secs = seconds_on_every_thread([&] { sink += loop.run(iters); });
   TORCH_CHECK(sink.load() != 0, "int8_dot_peak_gops: the loops produced nothing");
-  return 2.0 * double(iters) * per_round * at::get_num_threads() / secs / 1e9;
+  return 2.0 * double(iters) * loop.per_round * at::get_num_threads() / secs / 1e9;
 }
 
 double fma_peak_gflops(int64_t iters) {

@@ -98,8 +98,11 @@ def int8_kernel_peak_gops(n: int = 2048, rows: int = 64, repeats: int = 5) -> Op
     packed weight) at ``rows`` rows of a hot ``n x n`` weight: the most the kernels a decoding step
     calls reach here. None without the C++ extension."""
     product = _int8_kernel_product(n, rows)
-    if product is None:
-        return None
+    return None if product is None else _int8_product_gops(product, n, rows, repeats)
+
+
+def _int8_product_gops(product: Callable[[], object], n: int, rows: int, repeats: int) -> float:
+    """Best-of-``repeats`` GOP/s of ``product`` (:func:`_int8_kernel_product` of ``n`` and ``rows``)."""
     return 2.0 * rows * n * n / _best_seconds(product, torch.device("cpu"), repeats) / 1e9
 
 
@@ -186,8 +189,7 @@ class LimitSampler:
             return fma_peak_gflops(repeats=1, iters=5_000_000) or self._fallback
         if self._int8_product is None:
             return self._fallback
-        n, rows = self._INT8_N, self._INT8_ROWS
-        kernel = 2.0 * rows * n * n / _best_seconds(self._int8_product, torch.device("cpu"), 1) / 1e9
+        kernel = _int8_product_gops(self._int8_product, self._INT8_N, self._INT8_ROWS, repeats=1)
         return max(kernel, int8_dot_peak_gops(repeats=1, iters=1_000_000) or 0.0)
 
     def sample(self) -> Tuple[float, Optional[float]]:
