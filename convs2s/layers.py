@@ -69,6 +69,7 @@ class WeightNormed(nn.Module):
     # --- int8 weights for decoding steps ---------------------------------------------------------
     use_int8 = False  # set by ConvS2SModel.quantize_decoder_int8; never touches the parameters
     int8_activations = True  # with int8 weights: quantise each row of x too (linear_w8a8), else float x
+    int8_activation_bits = 8  # what linear_w8a8 quantises those rows to (8 or 7)
 
     def int8_product(self):
         """The op a decoding step multiplies the int8 weight with: ``linear_w8a8`` (int8 activations)
@@ -98,18 +99,21 @@ class WeightNormed(nn.Module):
         return self.int8_activations and qweight.device.type == "cpu"
 
     def int8_extra(self) -> dict:
-        """The int8 product's extra arguments: with int8 activations on the CPU, ``packed`` (the
-        weight in the cpp kernels' layout, :func:`convs2s_kernels.pack_w8a8_weight`, made once per
-        quantisation); nothing otherwise."""
+        """The int8 product's extra arguments: with int8 activations, ``activation_bits`` where it
+        is not 8, and on the CPU ``packed`` (the weight in the cpp kernels' layout,
+        :func:`convs2s_kernels.pack_w8a8_weight`, made once per quantisation); nothing otherwise."""
         quantized = self.int8_weight()
-        if quantized is None or not self.packs_int8(quantized[0]):
+        if quantized is None or not self.int8_activations:
             return {}
+        extra = {} if self.int8_activation_bits == 8 else {"activation_bits": self.int8_activation_bits}
+        if not self.packs_int8(quantized[0]):
+            return extra
         if getattr(self, "_int8_packed_for", None) is not quantized:
             with torch.no_grad():
                 # streamed from memory every step: on huge pages (convs2s_kernels.huge_pages)
                 self._int8_packed = on_huge_pages(ck.pack_w8a8_weight(quantized[0]))
             self._int8_packed_for = quantized
-        return {"packed": self._int8_packed}
+        return {**extra, "packed": self._int8_packed}
 
     def _pack_for_step(self, w: torch.Tensor) -> Optional[torch.Tensor]:
         """``w`` in the layout the cpp decoding-step kernel reads (None where it cannot)."""

@@ -15,6 +15,9 @@ from .encoder import Encoder, EncoderOut
 from .layers import WeightNormed
 from .special_tokens import NUM_SPECIALS
 
+# quantize_decoder_int8's activations: int8 or 7-bit rows (linear_w8a8), or float32 (linear_int8)
+INT8_ACTIVATIONS = ("int8", "int7", "float")
+
 
 class ConvS2SModel(nn.Module):
     """Encoder + decoder with fairseq's state-dict names and calling conventions.
@@ -127,15 +130,18 @@ class ConvS2SModel(nn.Module):
         """int8 decoding steps (``decode_step``, ``generate``): every decoder linear layer and
         convolution multiplies by its weight quantised per output row (a quarter of float32's
         bytes to stream). ``activations="int8"`` quantises each row of its input too and runs
-        integer dot products (:func:`convs2s_kernels.linear_w8a8`); ``"float"`` keeps float32
-        activations and sums (weight-only, :func:`convs2s_kernels.linear_int8`). The parameters
-        and the full forward (training, scoring) are untouched; ``enabled=False`` turns it off."""
-        if activations not in ("int8", "float"):
-            raise ValueError(f"activations must be 'int8' or 'float', got {activations!r}")
+        integer dot products (:func:`convs2s_kernels.linear_w8a8`); ``"int7"`` quantises the rows
+        to 7 bits ([-63, 63]), which AVX2 CPUs without VNNI multiply with fewer instructions;
+        ``"float"`` keeps float32 activations and sums (weight-only,
+        :func:`convs2s_kernels.linear_int8`). The parameters and the full forward (training,
+        scoring) are untouched; ``enabled=False`` turns it off."""
+        if activations not in INT8_ACTIVATIONS:
+            raise ValueError(f"activations must be one of {', '.join(map(repr, INT8_ACTIVATIONS))}, got {activations!r}")
         for m in self.decoder.modules():
             if isinstance(m, WeightNormed):
                 m.use_int8 = enabled
-                m.int8_activations = activations == "int8"
+                m.int8_activations = activations != "float"
+                m.int8_activation_bits = 7 if activations == "int7" else 8
         return self
 
     def num_parameters(self) -> int:

@@ -83,7 +83,10 @@ class VocabSubset:
             self.qweight, self.scale = (t.index_select(0, ids) for t in quantized)
             self.int8_product = fc3.int8_product()
             # the kernels' layout of the subset (once per batch), where the full weight has one
-            self.int8_extra = {"packed": ck.pack_w8a8_weight(self.qweight)} if fc3.packs_int8(self.qweight) else {}
+            bits = fc3.int8_activation_bits if fc3.int8_activations else 8
+            self.int8_extra = {} if bits == 8 else {"activation_bits": bits}
+            if fc3.packs_int8(self.qweight):
+                self.int8_extra["packed"] = ck.pack_w8a8_weight(self.qweight)
             self.weight = None
         else:
             weight = fc3.effective_weight() if hasattr(fc3, "effective_weight") else fc3.weight

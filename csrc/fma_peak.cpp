@@ -88,8 +88,10 @@ int per_round(Isa isa) { return isa == Isa::avx512 ? kChainsFor<20> * 16 : isa =
 // ---- the int8 dot products' rate: exact int8 x int8 -> int32 multiply-adds on registers ----
 // The instructions linear_w8a8's kernels multiply with, in the same mix (linear_w8a8_cpu.cpp):
 // AVX-512 VNNI's vpdpbusd (64 multiply-adds), or AVX2's vpsignb + vpmaddubsw + vpmaddwd + vpaddd
-// (32). On the Zen 3 VM the AVX2 group ran at 0.8 per cycle (1.6x the FMA units' multiply-adds);
-// the packed kernel reached ~75% of it on a weight in the caches, its loads and sums the rest.
+// (32; without vpsignb for 7-bit activations). On the Zen 3 VM the AVX2 group ran at 0.8 per cycle
+// (1.6x the FMA units' multiply-adds), bound by the vector instructions issued (~3 a cycle), not
+// the multiplies: the 3-instruction 7-bit group ran ~1.35x as many multiply-adds; the packed
+// kernel reached ~75% of the 8-bit rate on a weight in the caches, its loads and sums the rest.
 
 // Accumulators per thread: VNNI's as the FMA chains (vpdpbusd's latency 5 on two pipes); AVX2's
 // fixed by the assembly below (ymm8-15).
@@ -109,12 +111,22 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dot_vnni(int64_t 
 }
 
 // Eight groups a round, in assembly: written with intrinsics, every group's product is the same
-// loop-invariant value and the compiler computes it once, leaving the adds alone.
+// loop-invariant value and the compiler computes it once, leaving the adds alone. 8-bit
+// activations move their sign onto the weight first (vpsignb); 7-bit ones, stored with an offset,
+// go into vpmaddubsw as they are (linear_w8a8_cpu.cpp's avx2_packed7_tile).
 #define CONVS2S_DOT_GROUP(acc)                                 \
   "vpsignb %%ymm0, %%ymm1, %%ymm3\n\t"                           \
   "vpmaddubsw %%ymm3, %%ymm0, %%ymm3\n\t"                        \
   "vpmaddwd %%ymm2, %%ymm3, %%ymm3\n\t"                          \
   "vpaddd %%ymm3, %%ymm" #acc ", %%ymm" #acc "\n\t"
+#define CONVS2S_DOT7_GROUP(acc)                                \
+  "vpmaddubsw %%ymm1, %%ymm0, %%ymm3\n\t"                        \
+  "vpmaddwd %%ymm2, %%ymm3, %%ymm3\n\t"                          \
+  "vpaddd %%ymm3, %%ymm" #acc ", %%ymm" #acc "\n\t"
+#define CONVS2S_DOT_LOOP(GROUP)                                                                        \
+  "1:\n\t" GROUP(8) GROUP(9) GROUP(10) GROUP(11) GROUP(12) GROUP(13) GROUP(14) GROUP(15) "dec %[n]\n\t" \
+  "jnz 1b\n\t"
+template <bool kSeven>
 __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters) {
   alignas(32) int32_t out[kDotChainsAvx2 * 8] = {};
   if (iters > 0)
@@ -126,18 +138,20 @@ __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters) {
         "vpxor %%ymm10, %%ymm10, %%ymm10\n\t" "vpxor %%ymm11, %%ymm11, %%ymm11\n\t"
         "vpxor %%ymm12, %%ymm12, %%ymm12\n\t" "vpxor %%ymm13, %%ymm13, %%ymm13\n\t"
         "vpxor %%ymm14, %%ymm14, %%ymm14\n\t" "vpxor %%ymm15, %%ymm15, %%ymm15\n\t"
-        "1:\n\t"
-        CONVS2S_DOT_GROUP(8) CONVS2S_DOT_GROUP(9) CONVS2S_DOT_GROUP(10) CONVS2S_DOT_GROUP(11)
-        CONVS2S_DOT_GROUP(12) CONVS2S_DOT_GROUP(13) CONVS2S_DOT_GROUP(14) CONVS2S_DOT_GROUP(15)
-        "dec %[n]\n\t"
-        "jnz 1b\n\t"
+        "test %[seven], %[seven]\n\t"
+        "jnz 2f\n\t"
+        CONVS2S_DOT_LOOP(CONVS2S_DOT_GROUP)
+        "jmp 3f\n\t"
+        "2:\n\t"
+        CONVS2S_DOT_LOOP(CONVS2S_DOT7_GROUP)
+        "3:\n\t"
         "vmovdqa %%ymm8, (%[out])\n\t" "vmovdqa %%ymm9, 32(%[out])\n\t"
         "vmovdqa %%ymm10, 64(%[out])\n\t" "vmovdqa %%ymm11, 96(%[out])\n\t"
         "vmovdqa %%ymm12, 128(%[out])\n\t" "vmovdqa %%ymm13, 160(%[out])\n\t"
         "vmovdqa %%ymm14, 192(%[out])\n\t" "vmovdqa %%ymm15, 224(%[out])\n\t"
         "vzeroupper\n\t"
         : [n] "+r"(iters)
-        : [out] "r"(out)
+        : [out] "r"(out), [seven] "r"(int64_t(kSeven))
         // vzeroupper clears the upper halves of every ymm register, so all sixteen are clobbered
         : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
           "xmm13", "xmm14", "xmm15", "cc", "memory");
@@ -145,6 +159,8 @@ __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters) {
   for (int32_t v : out) sum += v;
   return sum;
 }
+#undef CONVS2S_DOT_LOOP
+#undef CONVS2S_DOT7_GROUP
 #undef CONVS2S_DOT_GROUP
 #endif
 
@@ -156,11 +172,12 @@ struct DotLoop {
   int per_round;
 };
 
-DotLoop dot_loop() {
+DotLoop dot_loop(bool seven) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (kernel_has_vnni()) return {dot_vnni, kDotChainsVnni * 64};
-  if (kernel_isa() != Isa::base) return {dot_avx2, kDotChainsAvx2 * 32};
+  if (kernel_has_vnni()) return {dot_vnni, kDotChainsVnni * 64};  // vpdpbusd takes either alike
+  if (kernel_isa() != Isa::base) return {seven ? dot_avx2<true> : dot_avx2<false>, kDotChainsAvx2 * 32};
 #endif
+  (void)seven;
   return {nullptr, 0};
 }
 
@@ -176,9 +193,11 @@ template <typename F> double seconds_on_every_thread(const F& body) {
 
 }  // namespace
 
-double int8_dot_peak_gops(int64_t iters) {
+double int8_dot_peak_gops(int64_t iters, int64_t activation_bits) {
   TORCH_CHECK(iters >= 1, "int8_dot_peak_gops: iters must be positive");
-  const DotLoop loop = dot_loop();
+  TORCH_CHECK(activation_bits == 8 || activation_bits == 7, "int8_dot_peak_gops: activation_bits must be 8 or 7, got ",
+              activation_bits);
+  const DotLoop loop = dot_loop(activation_bits == 7);
   if (!loop.run) return 0.0;
   std::atomic<int64_t> sink{0};  // the results are used, so the loops are not removed
   const double secs = seconds_on_every_thread([&] { sink += loop.run(iters); });

@@ -17,6 +17,11 @@
 //   2 * 127 * 127 < 2^15 and vpmaddubsw's int16 saturation never triggers. Weights are in
 //   [-127, 127] as quantize_int8 writes them (-(-128) would wrap; the Python op refuses -128).
 // * AMX-INT8 (tdpbssd) multiplies signed by signed bytes: the signed rows as they are.
+// * With 7-bit activations (activation_bits 7: xq in [-63, 63], an option for AVX2 CPUs without
+//   VNNI), the AVX2 packed kernel stores them as xq + 64 (unsigned, <= 127), so that each pair of
+//   products is at most 2 * 127 * 127 < 2^15 without vpsignb, and subtracts 64 * sum_k w[n, k] at
+//   the end (the weight sums from its first row tile): 3 instructions per 32 multiply-adds, not 4.
+//   The padding past K is 64 in that copy and 0 in the weight, so it adds nothing.
 //
 // The caller may pass the weight packed once (pack_w8a8_weight: 64-column blocks, 4 k per column
 // side by side), the layout the block kernels and AMX's B tiles read; without it the VNNI block
@@ -61,7 +66,11 @@ struct Operands {
   float* y;
   int64_t ldy;
   const int8_t* packed;  // the weight in pack_w8a8_weight's layout, or null
+  bool plus64;           // xu is xq + 64 (7-bit activations, the AVX2 packed kernel) instead of |xq|
 };
+
+// How the kernels' unsigned copy of the activations is written.
+enum class Unsigned { plus128, abs, plus64 };
 
 // One output: the exact integer sum, scaled as the reference does (one float32 product of the
 // two scales, then one multiply and one add; the empty asm keeps the compiler from fusing them
@@ -91,17 +100,18 @@ inline void finish_upto4(const Operands& g, int64_t m, int64_t n, int count, __m
 }
 #endif
 
-// Quantise row m: sx = max|x| / 127 (1 for a row of zeros), xq = round-half-even(x / sx), as
-// quantize_rows_int8 in the reference. The rounding adds and subtracts 1.5 * 2^23, which rounds
-// to nearest-even for |v| <= 127.5 in any vector width (std::nearbyint is a library call here).
+// Quantise row m: sx = max|x| / qmax (1 for a row of zeros), xq = round-half-even(x / sx) in
+// [-qmax, qmax] (qmax 127, or 63 for 7-bit activations), as quantize_rows_int8 in the reference.
+// The rounding adds and subtracts 1.5 * 2^23, which rounds to nearest-even for |v| <= 127.5 in
+// any vector width (std::nearbyint is a library call here).
 // Written for vectors of V (AVX-512, AVX2 or baseline): compiled for the baseline alone, the max
 // stayed a scalar chain (a float max reduction is not vectorised without -ffast-math) and the
 // division 4 lanes wide, ~6% of an int8 decoding step at 12 rows. The max is exact in any order;
 // NaNs are skipped, as by the scalar loop (a comparison with NaN is false). u (the kernels'
 // unsigned copy) may be null.
 template <typename V>
-CONVS2S_INLINE void quantize_row_v(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, bool vnni,
-                                         float* sx) {
+CONVS2S_INLINE void quantize_row_v(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, int qmax,
+                                   Unsigned enc, float* sx) {
   constexpr int L = Vec<V>::lanes;
   typedef typename Vec<V>::i32 I;
   typedef typename Vec<V>::i8 Q;
@@ -121,7 +131,7 @@ CONVS2S_INLINE void quantize_row_v(const float* x, int64_t K, int8_t* q, uint8_t
   float amax = 0.f;
   for (int i = 0; i < L; ++i) amax = std::max(amax, m0[i]);
   for (; k < K; ++k) amax = std::max(amax, std::abs(x[k]));
-  const float scale = amax / 127.f;
+  const float scale = amax / static_cast<float>(qmax);
   const float div = scale > 0.f ? scale : 1.f;
   *sx = div;
   constexpr float kMagic = 12582912.f;
@@ -131,37 +141,39 @@ CONVS2S_INLINE void quantize_row_v(const float* x, int64_t K, int8_t* q, uint8_t
     std::memcpy(&v, x + k, sizeof(V));
     const V r = (v / div + kMagic) - kMagic;  // IEEE arithmetic: never simplified away
     I i = __builtin_convertvector(r, I);  // as the scalar cast: a NaN becomes INT_MIN, then -127
-    i = i > 127 ? I{} + 127 : i;
-    i = i < -127 ? I{} - 127 : i;
+    i = i > qmax ? I{} + qmax : i;
+    i = i < -qmax ? I{} - qmax : i;
     const Q b = __builtin_convertvector(i, Q);
     std::memcpy(q + k, &b, sizeof(Q));
   }
   for (; k < K; ++k) {
     const float r = (x[k] / div + kMagic) - kMagic;
-    q[k] = static_cast<int8_t>(std::min(127, std::max(-127, static_cast<int>(r))));
+    q[k] = static_cast<int8_t>(std::min(qmax, std::max(-qmax, static_cast<int>(r))));
   }
   std::memset(q + K, 0, Kp - K);
   if (u == nullptr) return;
-  for (int64_t k = 0; k < K; ++k) u[k] = static_cast<uint8_t>(vnni ? q[k] + 128 : std::abs(q[k]));
-  std::memset(u + K, vnni ? 128 : 0, Kp - K);
+  const int offset = enc == Unsigned::plus128 ? 128 : enc == Unsigned::plus64 ? 64 : 0;
+  for (int64_t k = 0; k < K; ++k) u[k] = static_cast<uint8_t>(enc == Unsigned::abs ? std::abs(q[k]) : q[k] + offset);
+  std::memset(u + K, offset, Kp - K);
 }
 
 #ifdef CONVS2S_X86
 __attribute__((target("avx512f"))) void quantize_row_avx512(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp,
-                                                        bool vnni, float* sx) {
-  quantize_row_v<v16>(x, K, q, u, Kp, vnni, sx);
+                                                        int qmax, Unsigned enc, float* sx) {
+  quantize_row_v<v16>(x, K, q, u, Kp, qmax, enc, sx);
 }
 __attribute__((target("avx2"))) void quantize_row_avx2(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp,
-                                                       bool vnni, float* sx) {
-  quantize_row_v<v8>(x, K, q, u, Kp, vnni, sx);
+                                                       int qmax, Unsigned enc, float* sx) {
+  quantize_row_v<v8>(x, K, q, u, Kp, qmax, enc, sx);
 }
 #endif
-void quantize_row(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, bool vnni, float* sx, Isa isa) {
+void quantize_row(const float* x, int64_t K, int8_t* q, uint8_t* u, int64_t Kp, int qmax, Unsigned enc, float* sx,
+                  Isa isa) {
 #ifdef CONVS2S_X86
-  if (isa == Isa::avx512) return quantize_row_avx512(x, K, q, u, Kp, vnni, sx);
-  if (isa == Isa::avx2) return quantize_row_avx2(x, K, q, u, Kp, vnni, sx);
+  if (isa == Isa::avx512) return quantize_row_avx512(x, K, q, u, Kp, qmax, enc, sx);
+  if (isa == Isa::avx2) return quantize_row_avx2(x, K, q, u, Kp, qmax, enc, sx);
 #endif
-  quantize_row_v<v4>(x, K, q, u, Kp, vnni, sx);
+  quantize_row_v<v4>(x, K, q, u, Kp, qmax, enc, sx);
 }
 
 // ---- baseline: plain integer loops ----
@@ -531,6 +543,52 @@ CONVS2S_AVX2 inline void avx2_packed_tile(const Operands& g, const int8_t* buf, 
                    _mm_load_si128(reinterpret_cast<const __m128i*>(sums[m] + c)));
 }
 
+// The same pass with 7-bit activations stored as xq + 64 (Operands::plus64): vpmaddubsw straight
+// on the unsigned copy and the weight, no vpsignb. The excess, 64 * sum_k w[n, k], comes off at
+// the end; the block half's first row tile (kSums) sums its weight columns in the same pass (one
+// more vpmaddubsw of ones per weight vector) into wsum, which the later tiles reuse. Weights are
+// read from L1 as operands, which leaves registers for the sums.
+template <int MT, bool kSums>
+CONVS2S_AVX2 inline void avx2_packed7_tile(const Operands& g, const int8_t* buf, int64_t K4, int64_t r, int64_t n,
+                                           int64_t cols, const PrefetchShare& share, __m256i* wsum) {
+  constexpr int V = 4;
+  I32x8 acc[MT][V], ws[V];
+  for (int v = 0; v < V; ++v) {
+    ws[v] = I32x8{};
+    for (int m = 0; m < MT; ++m) acc[m][v] = I32x8{};
+  }
+  const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
+  int64_t due = 0, line = 0;
+  for (int64_t k4 = 0; k4 < K4; ++k4) {
+    for (due += share.lines; due >= K4; due -= K4) __builtin_prefetch(share.from + 64 * line++, 0, 2);
+    const int8_t* w = buf + k4 * kPackedCols * 4;
+    if constexpr (kSums)
+      for (int v = 0; v < V; ++v) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * v));
+        ws[v] += I32x8(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, wv), ones));
+      }
+    for (int m = 0; m < MT; ++m) {
+      int32_t a4;
+      std::memcpy(&a4, g.xu + (r + m) * g.Kp + 4 * k4, 4);
+      const __m256i xa = _mm256_set1_epi32(a4);
+      for (int v = 0; v < V; ++v) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * v));
+        acc[m][v] += I32x8(_mm256_madd_epi16(_mm256_maddubs_epi16(xa, wv), ones));
+      }
+    }
+  }
+  if constexpr (kSums)
+    for (int v = 0; v < V; ++v) wsum[v] = _mm256_slli_epi32(__m256i(ws[v]), 6);
+  alignas(32) int32_t sums[MT][8 * V];
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < V; ++v)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sums[m] + 8 * v), _mm256_sub_epi32(__m256i(acc[m][v]), wsum[v]));
+  for (int m = 0; m < MT; ++m)
+    for (int64_t c = 0; c < cols; c += 4)
+      finish_upto4(g, r + m, n + c, static_cast<int>(std::min<int64_t>(4, cols - c)),
+                   _mm_load_si128(reinterpret_cast<const __m128i*>(sums[m] + c)));
+}
+
 CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
   constexpr int MT = 2;  // 8 accumulators + 4 weight vectors + 2 broadcasts + ones of 16 ymm
   const int64_t K4 = packed_k4(g.K);
@@ -549,13 +607,21 @@ CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, 
     const int64_t passes = (cols + kPackedCols / 2 - 1) / (kPackedCols / 2) * ((rows + MT - 1) / MT);
     const int64_t next_lines = g.packed && n + kPackedCols < n1 ? kPackedBlockBytes(K4) / 64 : 0;
     int64_t pass = 0;
+    __m256i wsum[4];  // 7-bit activations: 64 * the half's weight sums, from its first row tile
     for (int64_t half = 0; half < cols; half += kPackedCols / 2)
       for (int64_t r = 0; r < rows; r += MT, ++pass) {
         const int64_t l0 = next_lines * pass / passes, l1 = next_lines * (pass + 1) / passes;
         const PrefetchShare share{buf + kPackedBlockBytes(K4) + 64 * l0, l1 - l0};
-        CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
-                            (avx2_packed_tile<M>(g, buf + half * 4, K4, r, n + half,
-                                                 std::min<int64_t>(kPackedCols / 2, cols - half), share)))
+        const int64_t width = std::min<int64_t>(kPackedCols / 2, cols - half);
+        if (!g.plus64)
+          CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
+                              (avx2_packed_tile<M>(g, buf + half * 4, K4, r, n + half, width, share)))
+        else if (r == 0)
+          CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
+                              (avx2_packed7_tile<M, true>(g, buf + half * 4, K4, r, n + half, width, share, wsum)))
+        else
+          CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
+                              (avx2_packed7_tile<M, false>(g, buf + half * 4, K4, r, n + half, width, share, wsum)))
       }
   }
 }
@@ -674,8 +740,10 @@ void check_packed(const at::Tensor& packed, int64_t N, int64_t K) {
 
 at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                             const c10::optional<at::Tensor>& bias, int64_t kernel,
-                            const c10::optional<at::Tensor>& packed) {
+                            const c10::optional<at::Tensor>& packed, int64_t activation_bits) {
   CONVS2S_CHECK_CPU(x);
+  TORCH_CHECK(activation_bits == 8 || activation_bits == 7, "linear_w8a8: activation_bits must be 8 or 7, got ",
+              activation_bits);
   check_int8_linear_args("linear_w8a8", x, qweight, scale);
   TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == qweight.size(0)),
               "linear_w8a8: bias must be (N,)");
@@ -701,17 +769,21 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
   const int64_t rows_alloc = amx ? (M + kAmxRows - 1) / kAmxRows * kAmxRows : M;
   std::vector<int8_t> xq(rows_alloc * Kp);
   const bool unsigned_copy = !library && !amx;
+  // 7-bit activations on the AVX2 packed kernel: xq + 64 (no sign moves); elsewhere as with 8 bits
+  const bool plus64 = activation_bits == 7 && use_packed && !vnni && isa != Isa::base;
+  const Unsigned enc = vnni ? Unsigned::plus128 : plus64 ? Unsigned::plus64 : Unsigned::abs;
+  const int qmax = activation_bits == 7 ? 63 : 127;
   std::vector<uint8_t> xu(unsigned_copy ? M * Kp : 0);
   std::vector<float> sx(M);
   const float* xp = xc.data_ptr<float>();
   // rows in parallel once there are enough of them to pay for waking the other threads
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
-      quantize_row(xp + m * K, K, &xq[m * Kp], unsigned_copy ? &xu[m * Kp] : nullptr, Kp, vnni, &sx[m], isa);
+      quantize_row(xp + m * K, K, &xq[m * Kp], unsigned_copy ? &xu[m * Kp] : nullptr, Kp, qmax, enc, &sx[m], isa);
   });
   const Operands g{xq.data(), xu.data(), Kp, qc.data_ptr<int8_t>(), N, K, sx.data(), sc.data_ptr<float>(),
                    bf.defined() ? bf.data_ptr<float>() : nullptr, y.data_ptr<float>(), N,
-                   packed.has_value() ? packed->data_ptr<int8_t>() : nullptr};
+                   packed.has_value() ? packed->data_ptr<int8_t>() : nullptr, plus64};
   if (library) {
     const at::Tensor sums = at::_int_mm(at::from_blob(xq.data(), {M, K}, at::kChar), qc.t()).contiguous();
     finish_from_sums(g, M, sums.data_ptr<int32_t>());
@@ -734,8 +806,9 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
 }
 
 at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                       const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& packed) {
-  return linear_w8a8_with(x, qweight, scale, bias, -1, packed);
+                       const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& packed,
+                       int64_t activation_bits) {
+  return linear_w8a8_with(x, qweight, scale, bias, -1, packed, activation_bits);
 }
 
 }  // namespace convs2s

@@ -302,7 +302,7 @@ def test_package_works_without_the_extension(tmp_path):
     assert res.stdout.startswith("OK")
 
 
-@pytest.mark.parametrize("activations", ["int8", "float"])
+@pytest.mark.parametrize("activations", ["int8", "int7", "float"])
 def test_int8_decoding_is_close_to_fp32_and_equal_across_backends(activations):
     model = small("fconv_iwslt_de_en")
     src, prev = random_batch(2, 6, 5, lengths=[6, 3])
@@ -326,14 +326,20 @@ def test_int8_decoding_is_close_to_fp32_and_equal_across_backends(activations):
     assert 0 < rel < 0.1, f"int8 logits differ from fp32 by {rel:.3f} (relative L2)"
     if "cpp" in per_backend:
         torch.testing.assert_close(per_backend["cpp"], int8, atol=1e-5, rtol=1e-4)
+    if activations == "int7":  # the 7 bits reach the products: coarser than 8, yet close to fp32
+        model.quantize_decoder_int8(activations="int8").use_backend("reference")
+        eight, _ = step_logits(model, src, prev)
+        model.use_backend(None)
+        assert not torch.equal(eight, int8)
+        assert (eight - fp32).norm() < (int8 - fp32).norm()
     model.quantize_decoder_int8(False)
     again, _ = step_logits(model, src, prev)
     assert torch.equal(again, fp32), "turning int8 off restores the float32 weights exactly"
-    with pytest.raises(ValueError, match="activations must be 'int8' or 'float', got 'fp8'"):
+    with pytest.raises(ValueError, match="activations must be one of 'int8', 'int7', 'float', got 'fp8'"):
         model.quantize_decoder_int8(activations="fp8")
 
 
-@pytest.mark.parametrize("variant", ["fp32", "bf16", "int8", "int8-weights-only"])
+@pytest.mark.parametrize("variant", ["fp32", "bf16", "int8", "int8-weights-only", "int7"])
 def test_one_call_decoder_step_equals_the_layer_loop(variant):
     """The layers of a step in one C++ call give the Python loop's results through beam reorders and
     finished sentences leaving the batch: exactly where both run the same ATen calls (bf16), within
@@ -343,7 +349,8 @@ def test_one_call_decoder_step_equals_the_layer_loop(variant):
     model = small("custom", **CUSTOM).use_backend("cpp")
     if variant == "bf16":
         model.to(torch.bfloat16)
-    model.quantize_decoder_int8(variant.startswith("int8"), activations="float" if "only" in variant else "int8")
+    model.quantize_decoder_int8(variant.startswith("int"), activations={"int8-weights-only": "float", "int7": "int7"}
+                                .get(variant, "int8"))
     sources = [[5, 9, 11, 7], [13, 6, 8, 4], [20, 21, 22, 23], [30, 5, 6, 9]]
     runs = {}
     for one_call in (True, False):

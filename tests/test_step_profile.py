@@ -42,7 +42,7 @@ def test_int8_bound_counts_the_int8_weights_and_their_scales():
 def test_int8_profile_holds_the_step_against_the_int8_peak(monkeypatch):
     monkeypatch.setattr(step_profile, "copy_peak_gbps", lambda megabytes: 10.0)
     monkeypatch.setattr(step_profile, "gemm_peak_gflops", lambda: 100.0)
-    monkeypatch.setattr(step_profile, "int8_gemm_peak_gops", lambda: 400.0)
+    monkeypatch.setattr(step_profile, "int8_gemm_peak_gops", lambda **_: 400.0)
     result = step_profile.run("fconv_iwslt_de_en", [2], src_len=5, vocab=64, int8=True)
     text = step_profile.format_profile(result)
     assert "int8 decoder weights and activations" in text and "int8 400 GOP/s" in text

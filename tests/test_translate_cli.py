@@ -130,7 +130,7 @@ def test_translate_int8_equals_generate_with_int8_weights(fixture_dir, tmp_path)
     ckpt = str(fixture_dir / "checkpoint.pt")
     model, src_dict, tgt_dict = convs2s.load_fairseq(ckpt)
     ids = [src_dict.encode(l.split()) for l in lines]
-    for flag, activations in (("--int8", "int8"), ("--int8-weights-only", "float")):
+    for flag, activations in (("--int8", "int8"), ("--int8-weights-only", "float"), ("--int7", "int7")):
         assert main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(src), "--output", str(out_file),
                      "--beam", "2", "--max-len-b", "5", flag, "--fold-attention"]) == 0
         model.quantize_decoder_int8(activations=activations)

@@ -81,17 +81,17 @@ def test_vs_fairseq_times_both_and_checks_the_outputs(fixture_dir, stand_in, tmp
     assert "| fairseq-cached | 3 |" in out and f"{len(sentences)}/{len(sentences)}" in out
 
 
-def test_vs_fairseq_with_int8_times_two_more_systems(fixture_dir, stand_in):
-    """``--int8`` / ``--int8-weights-only``: convs2s with int8 decoder weights (and int8 or float
-    activations) beside the fp32 run, their outputs held against fairseq's; the model is back in
-    float32 afterwards."""
+def test_vs_fairseq_with_int8_times_three_more_systems(fixture_dir, stand_in):
+    """``--int8`` / ``--int8-weights-only`` / ``--int7``: convs2s with int8 decoder weights (and
+    int8, float or 7-bit activations) beside the fp32 run, their outputs held against fairseq's; the
+    model is back in float32 afterwards."""
     python, _ = stand_in
     result = compare(fairseq_python=str(python), checkpoint=str(fixture_dir / "checkpoint.pt"), dicts=None,
                      input_ids=str(fixture_dir / "source.ids"), beams=[2], int8=True, int8_weights_only=True,
-                     log=lambda m: None)
+                     int7=True, log=lambda m: None)
     rows = {r["system"]: r for r in result["rows"]}
-    assert list(rows) == ["fairseq", "fairseq-cached", "convs2s", "convs2s-int8", "convs2s-int8w"]
-    for system in ("convs2s-int8", "convs2s-int8w"):
+    assert list(rows) == ["fairseq", "fairseq-cached", "convs2s", "convs2s-int8", "convs2s-int8w", "convs2s-int7"]
+    for system in ("convs2s-int8", "convs2s-int8w", "convs2s-int7"):
         a = rows[system]["agreement_with_fairseq"]
         assert a["sentences"] == len(read_ids(str(fixture_dir / "source.ids")))
         assert 0 <= a["top1_identical"] <= a["sentences"]

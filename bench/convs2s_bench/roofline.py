@@ -63,41 +63,44 @@ def fma_peak_gflops(repeats: int = 3, iters: int = 20_000_000) -> Optional[float
     return max(native().fma_peak_gflops(iters) for _ in range(max(1, repeats)))
 
 
-def int8_gemm_peak_gops(n: int = 2048, repeats: int = 5) -> float:
+def int8_gemm_peak_gops(n: int = 2048, repeats: int = 5, activation_bits: int = 8) -> float:
     """Best-of-``repeats`` GOP/s (2 per multiply-add) of exact int8 x int8 -> int32 products on the
     CPU: the best of an ``n^3`` product through the math library (``torch._int_mm``: oneDNN,
     AMX-INT8 or VNNI where it has them, within ``ONEDNN_MAX_CPU_ISA``), the project's own int8
     kernel (:func:`int8_kernel_peak_gops`) and the int8 dot products' register-only rate
     (:func:`int8_dot_peak_gops`). Without VNNI, ``_int_mm`` ran at 2 GOP/s (AMD EPYC Zen 3, AVX2)
     while the decoding step's int8 products ran near 100, so it was no limit of theirs; and a
-    limit the kernel itself sets would hide how far below the instructions' rate it runs."""
+    limit the kernel itself sets would hide how far below the instructions' rate it runs.
+    ``activation_bits`` 7: the kernel and the dot products with 7-bit activations."""
     device = torch.device("cpu")
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
     b = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
     secs = _best_seconds(lambda: torch._int_mm(a, b), device, repeats)
-    return max(2.0 * n ** 3 / secs / 1e9, int8_kernel_peak_gops(n, repeats=repeats) or 0.0,
-               int8_dot_peak_gops(repeats=min(repeats, 3)) or 0.0)
+    return max(2.0 * n ** 3 / secs / 1e9,
+               int8_kernel_peak_gops(n, repeats=repeats, activation_bits=activation_bits) or 0.0,
+               int8_dot_peak_gops(repeats=min(repeats, 3), activation_bits=activation_bits) or 0.0)
 
 
-def int8_dot_peak_gops(repeats: int = 3, iters: int = 5_000_000) -> Optional[float]:
+def int8_dot_peak_gops(repeats: int = 3, iters: int = 5_000_000, activation_bits: int = 8) -> Optional[float]:
     """Best-of-``repeats`` GOP/s of register-only exact int8 dot products on every thread, in the
     instructions the cpp ``linear_w8a8`` multiplies with (``csrc/fma_peak.cpp``: AVX-512 VNNI's
     vpdpbusd, or AVX2's vpsignb + vpmaddubsw + vpmaddwd + vpaddd; within ``CONVS2S_KERNELS_ISA``):
-    the int8 counterpart of :func:`fma_peak_gflops`. None without the C++ extension or on the
+    the int8 counterpart of :func:`fma_peak_gflops`; ``activation_bits`` 7: AVX2's group without
+    vpsignb, as the kernel runs it for 7-bit activations. None without the C++ extension or on the
     baseline (no SIMD dot product)."""
     from convs2s_kernels.extension import native, unavailable_reason
 
     if unavailable_reason() is not None:
         return None
-    return max(native().int8_dot_peak_gops(iters) for _ in range(max(1, repeats))) or None
+    return max(native().int8_dot_peak_gops(iters, activation_bits) for _ in range(max(1, repeats))) or None
 
 
-def int8_kernel_peak_gops(n: int = 2048, rows: int = 64, repeats: int = 5) -> Optional[float]:
+def int8_kernel_peak_gops(n: int = 2048, rows: int = 64, repeats: int = 5, activation_bits: int = 8) -> Optional[float]:
     """Best-of-``repeats`` GOP/s of the cpp ``linear_w8a8`` (activations quantised per row, the
     packed weight) at ``rows`` rows of a hot ``n x n`` weight: the most the kernels a decoding step
     calls reach here. None without the C++ extension."""
-    product = _int8_kernel_product(n, rows)
+    product = _int8_kernel_product(n, rows, activation_bits)
     return None if product is None else _int8_product_gops(product, n, rows, repeats)
 
 
@@ -106,7 +109,7 @@ def _int8_product_gops(product: Callable[[], object], n: int, rows: int, repeats
     return 2.0 * rows * n * n / _best_seconds(product, torch.device("cpu"), repeats) / 1e9
 
 
-def _int8_kernel_product(n: int, rows: int) -> Optional[Callable[[], object]]:
+def _int8_kernel_product(n: int, rows: int, activation_bits: int = 8) -> Optional[Callable[[], object]]:
     """The cpp ``linear_w8a8`` of ``rows`` rows times a packed ``n x n`` int8 weight, operands made
     once; None without the C++ extension."""
     import convs2s_kernels as ck
@@ -119,7 +122,7 @@ def _int8_kernel_product(n: int, rows: int) -> Optional[Callable[[], object]]:
     scale = torch.rand(n, generator=gen) / 127
     x = torch.randn(rows, n, generator=gen)
     packed = ck.pack_w8a8_weight(q)
-    return lambda: ck.linear_w8a8(x, q, scale, packed=packed, backend="cpp")
+    return lambda: ck.linear_w8a8(x, q, scale, packed=packed, activation_bits=activation_bits, backend="cpp")
 
 
 def memory_buffer_megabytes(device="cpu") -> int:
@@ -178,11 +181,12 @@ class LimitSampler:
 
     _INT8_N, _INT8_ROWS = 2048, 64
 
-    def __init__(self, megabytes: int, int8: bool = False, fallback_compute: Optional[float] = None):
+    def __init__(self, megabytes: int, int8: bool = False, fallback_compute: Optional[float] = None,
+                 activation_bits: int = 8):
         self._src, self._dst = _copy_buffers(megabytes)
         # the int8 product's operands once, not per sample (a 4 MB weight drawn and packed each time)
-        self._int8_product = _int8_kernel_product(self._INT8_N, self._INT8_ROWS) if int8 else None
-        self._int8, self._fallback = int8, fallback_compute
+        self._int8_product = _int8_kernel_product(self._INT8_N, self._INT8_ROWS, activation_bits) if int8 else None
+        self._int8, self._fallback, self._bits = int8, fallback_compute, activation_bits
 
     def _compute(self) -> Optional[float]:
         if not self._int8:
@@ -190,7 +194,7 @@ class LimitSampler:
         if self._int8_product is None:
             return self._fallback
         kernel = _int8_product_gops(self._int8_product, self._INT8_N, self._INT8_ROWS, repeats=1)
-        return max(kernel, int8_dot_peak_gops(repeats=1, iters=1_000_000) or 0.0)
+        return max(kernel, int8_dot_peak_gops(repeats=1, iters=1_000_000, activation_bits=self._bits) or 0.0)
 
     def sample(self) -> Tuple[float, Optional[float]]:
         """(copy GB/s: the better of the copy, bytes read + written, and the sum, bytes read;
@@ -204,14 +208,17 @@ class LimitSampler:
 
 
 def measure_peaks(device="cpu", dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16),
-                  small: bool = False, int8: bool = False) -> Dict[str, float]:
+                  small: bool = False, int8: bool = False, int7: bool = False) -> Dict[str, float]:
     """``{"gemm_gflops_fp32": ..., "gemm_gflops_bf16": ..., "copy_gbps": ...}``; ``small`` for smoke runs;
-    ``int8`` adds ``gemm_gflops_int8`` (GOP/s of :func:`int8_gemm_peak_gops`, CPUs only)."""
+    ``int8`` adds ``gemm_gflops_int8`` (GOP/s of :func:`int8_gemm_peak_gops`, CPUs only), ``int7``
+    ``gemm_gflops_int7`` (the same with 7-bit activations)."""
     names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
     n, mb, reps = (256, 8, 1) if small else (2048, None, 5)
     peaks = {f"gemm_gflops_{names[d]}": gemm_peak_gflops(device, d, n, reps) for d in dtypes}
     if int8 and torch.device(device).type == "cpu":
         peaks["gemm_gflops_int8"] = int8_gemm_peak_gops(n, reps)
+    if int7 and torch.device(device).type == "cpu":
+        peaks["gemm_gflops_int7"] = int8_gemm_peak_gops(n, reps, activation_bits=7)
     peaks["copy_gbps"] = copy_peak_gbps(device, mb, reps)
     peaks["peak_threads"] = torch.get_num_threads()
     return peaks

@@ -353,7 +353,8 @@ def measure_machine(device: torch.device, configs: Sequence[Config]) -> dict:
 
     return dict(machine_description(device),
                 **measure_peaks(device, sorted({DTYPES[c.dtype] for c in configs}, key=str),
-                                int8=any(PEAK_OF[c.dtype] == "int8" for c in configs)))
+                                int8=any(PEAK_OF[c.dtype] == "int8" for c in configs),
+                                int7=any(PEAK_OF[c.dtype] == "int7" for c in configs)))
 
 
 def _setup(request: SpeedTableRequest, model, arch_name: str, work: Workload, n_total: int, sample) -> dict:
@@ -516,7 +517,7 @@ def _header(result: dict) -> List[str]:
         + (f"; copy {machine['copy_gbps']:.1f} GB/s" if "copy_gbps" in machine else "")
         + ". GFLOP/s count the plain decoder's work for every row (% of GEMM peak: the work the row's decoder does); speedups are over the reference backend's "
           "plain decoder in the same dtype, and in fp32 (int8: int8 decoder weights and activations; "
-          "int8w: int8 decoder weights, fp32 activations).",
+          "int8w: int8 decoder weights, fp32 activations; int7: int8 decoder weights, 7-bit activations).",
     ]
 
 

@@ -98,14 +98,19 @@ def agreement(ours: Sequence, theirs: Sequence) -> dict:
     return dict(sentences=len(ours), top1_identical=top1, nbest_identical=lists, max_top1_score_diff=diff)
 
 
+# convs2s with int8 decoder weights: the system's name and its activations (quantize_decoder_int8)
+QUANTIZED_SYSTEMS = {"convs2s-int8": "int8", "convs2s-int8w": "float", "convs2s-int7": "int7"}
+
+
 def compare(*, fairseq_python: str, checkpoint: str, dicts: Optional[str], input_ids: str,
             beams: Sequence[int] = (1, 5), repeats: int = 1, batch_size: int = 128, config=None,
-            int8: bool = False, int8_weights_only: bool = False, log=print) -> dict:
+            int8: bool = False, int8_weights_only: bool = False, int7: bool = False, log=print) -> dict:
     """Time every system at every beam, ``repeats`` times interleaved; compare their outputs.
     ``int8`` adds convs2s with int8 decoder weights and activations (``convs2s-int8``,
     ``linear_w8a8``), ``int8_weights_only`` with int8 weights and float32 activations
-    (``convs2s-int8w``, ``linear_int8``); their outputs are compared with fairseq's like the
-    others (they are not expected to be identical)."""
+    (``convs2s-int8w``, ``linear_int8``), ``int7`` with int8 weights and 7-bit activations
+    (``convs2s-int7``); their outputs are compared with fairseq's like the others (they are not
+    expected to be identical)."""
     import convs2s
 
     if not os.path.exists(fairseq_python):
@@ -122,15 +127,15 @@ def compare(*, fairseq_python: str, checkpoint: str, dicts: Optional[str], input
         raise VsFairseqError(f"{input_ids}: word ids must lie in [4, {len(src_dict)}), got {bad[0]}")
     batches, forced = plan_batches(sentences, batch_size)
     threads = torch.get_num_threads()
-    systems = SYSTEMS + (("convs2s-int8",) if int8 else ()) + (("convs2s-int8w",) if int8_weights_only else ())
+    systems = SYSTEMS + tuple(s for s, on in QUANTIZED_SYSTEMS.items() if {"int8": int8, "float": int8_weights_only,
+                                                                            "int7": int7}[on])
     times: Dict = {(s, b): [] for s in systems for b in beams}
     outputs: Dict = {}
     for rep in range(repeats):
         for beam in beams:
             for system in systems:
                 if system.startswith("convs2s"):
-                    model.quantize_decoder_int8(system != "convs2s",
-                                                activations="float" if system == "convs2s-int8w" else "int8")
+                    model.quantize_decoder_int8(system != "convs2s", activations=QUANTIZED_SYSTEMS.get(system, "int8"))
                     out = run_convs2s(model, sentences, batches, forced, beam, config)
                     model.quantize_decoder_int8(False)
                 else:
@@ -159,7 +164,7 @@ def _result(times, outputs, beams, systems, config, sentences, batches, checkpoi
             t = times[(system, beam)]
             row = dict(system=system, beam=beam, seconds=statistics.median(t), seconds_min=min(t),
                        seconds_max=max(t), repeats=len(t), convs2s_speedup=statistics.median(t) / ours)
-            if system in ("convs2s-int8", "convs2s-int8w"):
+            if system in QUANTIZED_SYSTEMS:
                 row["agreement_with_fairseq"] = agreement(outputs[(system, beam)]["nbest"],
                                                           outputs[("fairseq", beam)]["nbest"])
             elif system != "convs2s":

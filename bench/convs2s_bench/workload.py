@@ -65,9 +65,10 @@ SUBSET_SEED = 2017  # the fixed shuffled order --sentences N cuts its subset fro
 # weights and activations, "int8w" with int8 weights and float32 activations
 # (ConvS2SModel.quantize_decoder_int8); int8 held against the int8 GEMM peak, int8w (float32 math)
 # against the float32 one
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32, "int8w": torch.float32}
-PEAK_OF = {"fp32": "fp32", "bf16": "bf16", "int8": "int8", "int8w": "fp32"}
-INT8_ACTIVATIONS = {"int8": "int8", "int8w": "float"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32, "int8w": torch.float32,
+          "int7": torch.float32}
+PEAK_OF = {"fp32": "fp32", "bf16": "bf16", "int8": "int8", "int8w": "fp32", "int7": "int7"}
+INT8_ACTIVATIONS = {"int8": "int8", "int8w": "float", "int7": "int7"}
 DECODERS = ("plain", "folded")  # folded: attention projections precomputed per sentence (exact)
 
 

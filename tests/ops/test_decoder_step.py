@@ -40,12 +40,12 @@ def step_layer(c_in, c_out, k, residual, attention, B, S, int8, dtype, c_prev):
         proj.update(conv_packed=ck.pack_conv_step_weight(w))
         if "proj_weight" in proj:
             proj.update(proj_packed=ck.pack_linear_weight(proj["proj_weight"]))
-    if int8 == "w8a8-packed":  # the cpp kernels' layout of each int8 weight, made once
+    if int8 in ("w8a8-packed", "w7a8-packed"):  # the cpp kernels' layout of each int8 weight, made once
         proj.update(conv_packed=ck.pack_w8a8_weight(w))
         if "proj_scale" in proj:
             proj.update(proj_packed=ck.pack_w8a8_weight(proj["proj_weight"]))
-    return ck.StepLayer(w, b, scale, residual, attention=att, int8_activations=int8 in ("w8a8", "w8a8-packed"),
-                        **proj)
+    return ck.StepLayer(w, b, scale, residual, attention=att, int8_activations=int8 in ("w8a8", "w8a8-packed", "w7a8-packed"),
+                        activation_bits=7 if int8 == "w7a8-packed" else 8, **proj)
 
 
 def make_step(B, beam, S, int8=False, dtype=torch.float32):
@@ -64,9 +64,12 @@ def make_step(B, beam, S, int8=False, dtype=torch.float32):
 
 @pytest.mark.parametrize("int8,dtype", [(False, torch.float32), (False, torch.bfloat16), (True, torch.float32),
                                         ("w8a8", torch.float32), ("w8a8-packed", torch.float32),
+                                        ("w7a8-packed", torch.float32),
                                         ("float-packed", torch.float32), ("float-packed", torch.bfloat16)],
-                         ids=["fp32", "bf16", "int8_weights", "w8a8", "w8a8_packed", "fp32_packed", "bf16_packed"])
-# int8 weights take fp32 activations; *_packed: each weight also in the cpp kernels' layout
+                         ids=["fp32", "bf16", "int8_weights", "w8a8", "w8a8_packed", "w7a8_packed", "fp32_packed",
+                              "bf16_packed"])
+# int8 weights take fp32 activations; *_packed: each weight also in the cpp kernels' layout; w7a8:
+# activations quantised to 7 bits
 # 65 beams: past the few-row kernels' 64 rows, the float32 attention takes ATen's batched products
 @pytest.mark.parametrize("B,beam,S", [(1, 1, 1), (2, 3, 5), (3, 2, 9), (1, 65, 3)])
 @pytest.mark.parametrize("need_attn", [True, False], ids=["attn", "no_attn"])

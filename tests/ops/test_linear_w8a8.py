@@ -77,6 +77,60 @@ def test_packed_weight_matches_the_reference(rows, K, N):
                        ck.linear_w8a8_ref(wide[:, ::2], q, s))
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 12, 17, 64])
+@pytest.mark.parametrize("K,N", [(1, 1), (7, 65), (130, 129), (512, 1001), (1536, 64)])
+@torch.no_grad()
+def test_seven_bit_activations_match_the_reference(rows, K, N):
+    """``activation_bits=7`` (rows quantised to [-63, 63]; the AVX2 packed kernel then multiplies
+    offset activations without vpsignb and subtracts the weight sums of its first row tile): every
+    kernel, packed or not, auto's choice and a strided x equal the reference bit for bit, full-scale
+    weights of both signs included (the int16 pairs' extremes)."""
+    x, q, s, b = _case(rows, K, N, seed=5 * rows + K)
+    q[:, ::3] = 127
+    q[:, 1::5] = -127
+    packed = ck.pack_w8a8_weight(q)
+    want = ck.linear_w8a8_ref(x, q, s, b, activation_bits=7)
+    runnable("cpp", "linear_w8a8", x, q, s, b)
+    assert torch.equal(ck.linear_w8a8(x, q, s, b, packed=packed, activation_bits=7, backend="cpp"), want)
+    assert torch.equal(ck.linear_w8a8(x, q, s, b, activation_bits=7, backend="cpp"), want)
+    native = ck.extension.native()
+    for kernel in (-1, 0, 1) + ((3,) if native.linear_w8a8_isa() == "amx-int8" else ()):
+        for p in (None, packed) if kernel != 3 else (packed,):
+            assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, p, 7), want), (kernel, p is None)
+    wide = torch.randn(rows, 2 * K) * 3
+    assert torch.equal(ck.linear_w8a8(wide[:, ::2], q, s, packed=packed, activation_bits=7, backend="cpp"),
+                       ck.linear_w8a8_ref(wide[:, ::2], q, s, activation_bits=7))
+
+
+@torch.no_grad()
+def test_seven_bit_quantiser_range_and_error():
+    """7 bits: |xq| <= 63 with the row's max at 63, error at most half a step (sx = max|x| / 63),
+    about twice the 8-bit step; repeated beam rows stay equal and a zero row gives the bias."""
+    x, q, s, b = _case(6, 300, 77)
+    xq, sx = ck.quantize_rows_int8(x, bits=7)
+    assert int(xq.abs().max()) == 63 and bool((xq.abs().amax(1) == 63).all())
+    assert torch.equal(sx, x.abs().amax(1) / 63)
+    assert torch.all((xq.double() * sx.double().unsqueeze(1) - x.double()).abs() <= sx.double().unsqueeze(1) / 2 + 1e-9)
+    x = x[torch.tensor([0, 0, 3, 3, 3, 5])].clone()
+    x[5] = 0
+    runnable("cpp", "linear_w8a8", x, q, s, b)
+    out = ck.linear_w8a8(x, q, s, b, packed=ck.pack_w8a8_weight(q), activation_bits=7, backend="cpp")
+    assert torch.equal(out[0], out[1]) and torch.equal(out[2], out[4]) and torch.equal(out[5], b)
+    assert torch.equal(out, ck.linear_w8a8_ref(x, q, s, b, activation_bits=7))
+
+
+def test_activation_bits_must_be_8_or_7():
+    x, q, s, _ = _case(2, 8, 4)
+    for bad in (6, 16, True, "7"):
+        with pytest.raises(ValueError, match="activation_bits must be 8 or 7, got"):
+            ck.linear_w8a8(x, q, s, activation_bits=bad)
+        with pytest.raises(ValueError, match="activation_bits must be 8 or 7, got"):
+            ck.quantize_rows_int8(x, bits=bad)
+    if ck.available_backends()["cpp"] is None:
+        with pytest.raises(RuntimeError, match="activation_bits must be 8 or 7, got 6"):
+            ck.extension.native().linear_w8a8_with(x, q, s, None, -1, None, 6)
+
+
 def test_pack_w8a8_weight_layout():
     """``packed[b, k4, c, j] = qweight[64 b + c, 4 k4 + j]``, zero past N and past K rounded to 64."""
     q = torch.randint(-127, 128, (70, 9), dtype=torch.int8)
@@ -93,7 +147,8 @@ def test_pack_w8a8_weight_layout():
 
 @pytest.mark.parametrize("cap", ["avx2", "baseline"])
 def test_packed_weight_under_isa_caps(cap):
-    """The AVX2 packed kernel (and the baseline, which ignores the layout) equal the reference."""
+    """The AVX2 packed kernel (and the baseline, which ignores the layout) equal the reference, with
+    8-bit and 7-bit activations."""
     require_or_skip("cpp")
     code = ("import torch, convs2s_kernels as ck\n"
             "native = ck.extension.native()\n"
@@ -102,8 +157,10 @@ def test_packed_weight_under_isa_caps(cap):
             "    q, s = ck.quantize_int8(w)\n"
             "    q[:, ::3] = 127  # full-scale weights\n"
             "    p, want = ck.pack_w8a8_weight(q), ck.linear_w8a8_ref(x, q, s, b)\n"
+            "    want7 = ck.linear_w8a8_ref(x, q, s, b, activation_bits=7)\n"
             "    for kernel in (-1, 0, 1):\n"
-            "        assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, p), want), (rows, K, N, kernel)\n")
+            "        assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, p), want), (rows, K, N, kernel)\n"
+            "        assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, p, 7), want7), (rows, K, N, kernel, 7)\n")
     env = dict(os.environ, CONVS2S_KERNELS_ISA=cap, ONEDNN_MAX_CPU_ISA="AVX2")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -11,6 +11,7 @@ from ...dispatch import resolve
 from .._packing import check_packed_matrix
 from ..conv_step.packing import check_packed_weight
 from ..linear_w8a8.api import check_packed, check_weight_range
+from ..linear_w8a8.reference import check_activation_bits
 from .layers import StepLayer
 
 __all__ = ["decoder_step", "decoder_step_tensors"]
@@ -28,6 +29,8 @@ def _check_layers(states, layers, x: torch.Tensor) -> None:
     for i, layer in enumerate(layers):
         if not isinstance(layer, StepLayer):
             raise TypeError(f"layers[{i}] must be a convs2s_kernels.StepLayer, got {type(layer).__name__}")
+        if layer.int8_activations:
+            check_activation_bits(layer.activation_bits)
         if not 0 <= layer.residual <= i + 1:
             raise ValueError(f"layers[{i}].residual = {layer.residual} reaches before the first layer's input")
         for part in ("conv", "proj"):

@@ -32,7 +32,8 @@ class StepLayer:
     ``proj_scale``) when the widths differ. ``attention`` is None for a layer without one.
     ``int8_activations``: the int8 products quantise their inputs per row too (``linear_w8a8``)
     instead of keeping them float32 (``linear_int8``); ``conv_packed`` / ``proj_packed`` are then
-    :func:`convs2s_kernels.pack_w8a8_weight` of the int8 weights, for the cpp kernels (optional).
+    :func:`convs2s_kernels.pack_w8a8_weight` of the int8 weights, for the cpp kernels (optional),
+    and ``activation_bits`` (8 or 7) what those inputs are quantised to (``linear_w8a8``'s).
     With float weights, ``conv_packed`` may be :func:`convs2s_kernels.pack_conv_step_weight` of the
     conv weight and ``proj_packed`` :func:`convs2s_kernels.pack_linear_weight` of the projection,
     which the cpp kernels read instead (optional; the reference ignores them).
@@ -47,5 +48,6 @@ class StepLayer:
     proj_scale: Optional[torch.Tensor] = None
     attention: Optional[StepAttention] = None
     int8_activations: bool = False
+    activation_bits: int = 8
     conv_packed: Optional[torch.Tensor] = None
     proj_packed: Optional[torch.Tensor] = None

@@ -19,10 +19,12 @@ __all__ = ["decoder_step_ref"]
 SQRT_HALF = math.sqrt(0.5)
 
 
-def _linear(x, weight, scale, bias, int8_activations=False):
+def _linear(x, weight, scale, bias, layer: StepLayer):
     if scale is None:
         return F.linear(x, weight, bias)
-    return (linear_w8a8_ref if int8_activations else linear_int8_ref)(x, weight, scale, bias)
+    if layer.int8_activations:
+        return linear_w8a8_ref(x, weight, scale, bias, activation_bits=layer.activation_bits)
+    return linear_int8_ref(x, weight, scale, bias)
 
 
 def _conv(x, state, layer: StepLayer, beam_index):
@@ -31,7 +33,7 @@ def _conv(x, state, layer: StepLayer, beam_index):
     if beam_index is not None:  # int8 rows (2C, k*C_in): the same gather, shift and append
         state = state.index_select(0, beam_index)
     window = torch.cat([state, x.unsqueeze(1)], dim=1)
-    pre = _linear(window.flatten(1), layer.conv_weight, layer.conv_scale, layer.conv_bias, layer.int8_activations)
+    pre = _linear(window.flatten(1), layer.conv_weight, layer.conv_scale, layer.conv_bias, layer)
     return F.glu(pre, dim=-1), window[:, 1:]
 
 
@@ -64,7 +66,7 @@ def decoder_step_ref(x: torch.Tensor, states: Sequence[torch.Tensor], layers: Se
         if layer.residual > 0:
             res = residuals[-layer.residual]
             if layer.proj_weight is not None:
-                res = _linear(res, layer.proj_weight, layer.proj_scale, layer.proj_bias, layer.int8_activations)
+                res = _linear(res, layer.proj_weight, layer.proj_scale, layer.proj_bias, layer)
         x, new_state = _conv(x, state, layer, beam_index)
         new_states.append(new_state)
         if layer.attention is not None:

@@ -8,7 +8,7 @@ import torch
 
 from ...dispatch import resolve
 from ..linear_int8.api import check_int8_linear_args
-from .reference import pack_w8a8_weight, packed_shape
+from .reference import check_activation_bits, pack_w8a8_weight, packed_shape
 
 __all__ = ["linear_w8a8", "check_packed", "check_weight_range"]
 
@@ -49,7 +49,8 @@ def check_packed(qweight: torch.Tensor, packed: torch.Tensor) -> None:
 
 
 def linear_w8a8(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                *, packed: Optional[torch.Tensor] = None, backend: Optional[str] = None) -> torch.Tensor:
+                *, packed: Optional[torch.Tensor] = None, activation_bits: int = 8,
+                backend: Optional[str] = None) -> torch.Tensor:
     """``x @ W.T + bias`` with ``W = qweight * scale[:, None]`` and ``x`` quantised to int8 per row
     (``quantize_rows_int8``): int8 × int8 dot products with exact int32 sums, for decoding steps
     with many rows, where widening int8 weights to float32 (``linear_int8``) costs more than the
@@ -57,10 +58,13 @@ def linear_w8a8(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
     ``scale (N,)`` from :func:`convs2s_kernels.quantize_int8`, ``bias (N,)``; returns float32.
     ``packed``: :func:`convs2s_kernels.pack_w8a8_weight` of ``qweight``, made once per weight, lets the
     cpp kernels skip rearranging the weight on every call (same results, faster at every row count).
-    See :func:`convs2s_kernels.linear_w8a8_ref`."""
+    ``activation_bits``: 8 quantises ``x`` to [-127, 127]; 7 to [-63, 63], coarser, but on AVX2
+    CPUs without VNNI the packed kernel then multiplies without moving signs (3 instructions per 32
+    multiply-adds instead of 4). See :func:`convs2s_kernels.linear_w8a8_ref`."""
+    activation_bits = check_activation_bits(activation_bits)
     check_int8_linear_args(x, qweight, scale, bias)
     check_weight_range(qweight)
     if packed is not None:
         check_packed(qweight, packed)
     fn = resolve("linear_w8a8", x.device, backend, x, qweight, scale, bias)
-    return fn(x, qweight, scale, bias, packed)
+    return fn(x, qweight, scale, bias, packed, activation_bits)

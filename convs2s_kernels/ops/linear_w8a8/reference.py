@@ -6,21 +6,31 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["quantize_rows_int8", "pack_w8a8_weight", "linear_w8a8_ref"]
+__all__ = ["quantize_rows_int8", "pack_w8a8_weight", "linear_w8a8_ref", "ACTIVATION_BITS"]
 
 PACKED_COLUMNS = 64  # output columns per block of the packed layout
+ACTIVATION_BITS = (8, 7)  # what linear_w8a8 quantises activations to
 
 
-def quantize_rows_int8(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 quantisation of each row of ``x (M, K)``: ``x ~ xq * sx[:, None]``.
+def check_activation_bits(bits) -> int:
+    """``bits`` as an int, or a one-line error naming what is allowed."""
+    if isinstance(bits, bool) or bits not in ACTIVATION_BITS:
+        raise ValueError(f"activation_bits must be 8 or 7, got {bits!r}")
+    return int(bits)
 
-    ``sx = max|x_m| / 127`` computed in float32 (rows of zeros get 1), ``xq = round(x / sx)``
-    rounding halves to even, in ``[-127, 127]``; returns ``(xq int8 (M, K), sx float32 (M,))``.
+
+def quantize_rows_int8(x: torch.Tensor, bits: int = 8) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric quantisation of each row of ``x (M, K)`` to ``bits`` (8 or 7): ``x ~ xq * sx[:, None]``.
+
+    With ``qmax = 2**(bits-1) - 1`` (127 or 63): ``sx = max|x_m| / qmax`` computed in float32 (rows
+    of zeros get 1), ``xq = round(x / sx)`` rounding halves to even, in ``[-qmax, qmax]``; returns
+    ``(xq int8 (M, K), sx float32 (M,))``.
     """
+    qmax = 2 ** (check_activation_bits(bits) - 1) - 1
     x = x.float()
-    sx = x.abs().amax(dim=-1) / 127
+    sx = x.abs().amax(dim=-1) / qmax
     sx = torch.where(sx > 0, sx, torch.ones_like(sx))
-    xq = torch.round(x / sx.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
+    xq = torch.round(x / sx.unsqueeze(-1)).clamp_(-qmax, qmax).to(torch.int8)
     return xq, sx
 
 
@@ -48,8 +58,9 @@ def pack_w8a8_weight(qweight: torch.Tensor) -> torch.Tensor:
 
 
 def linear_w8a8_ref(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
-                    bias: Optional[torch.Tensor] = None, packed: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``(xq @ qweight.T) * sx[:, None] * scale + bias`` with ``xq, sx = quantize_rows_int8(x)``.
+                    bias: Optional[torch.Tensor] = None, packed: Optional[torch.Tensor] = None,
+                    activation_bits: int = 8) -> torch.Tensor:
+    """``(xq @ qweight.T) * sx[:, None] * scale + bias`` with ``xq, sx = quantize_rows_int8(x, activation_bits)``.
 
     Shapes: ``x (..., K)`` floating, ``qweight (N, K)`` int8, ``scale (N,)``, ``bias (N,)``. The
     integer sums are exact (float64 holds them: |sum| <= 127² K); then, in float32, the two scales'
@@ -57,7 +68,7 @@ def linear_w8a8_ref(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
     ``packed`` (``pack_w8a8_weight(qweight)``, for the kernels) is not read here. Returns float32.
     """
     lead = x.shape[:-1]
-    xq, sx = quantize_rows_int8(x.reshape(-1, x.shape[-1]))
+    xq, sx = quantize_rows_int8(x.reshape(-1, x.shape[-1]), activation_bits)
     sums = (xq.double() @ qweight.double().T).float()
     y = sums * (sx.unsqueeze(1) * scale.float().unsqueeze(0))
     if bias is not None:
