@@ -282,8 +282,9 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     int8.add_argument("--int8-weights-only", action="store_true",
                       help="decode with int8 decoder weights but float32 activations and sums")
     int8.add_argument("--int7", action="store_true",
-                      help="as --int8 with the activations quantised to 7 bits: on AVX2 CPUs without VNNI fewer "
-                           "instructions per product (faster), at a further small quality cost (see the README)")
+                      help="as --int8 with the activations quantised to 7 bits: on AVX2 CPUs without VNNI the "
+                           "packed int8 kernel needs fewer instructions per product, at a further small quality "
+                           "cost (see the README)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
 
 

@@ -56,7 +56,7 @@ constexpr int64_t kPad = 64;
 
 struct Operands {
   const int8_t* xq;   // (M, Kp) signed activations
-  const uint8_t* xu;  // (M, Kp) xq + 128 (VNNI) or |xq| (AVX2)
+  const uint8_t* xu;  // (M, Kp) xq + 128 (VNNI), |xq| (AVX2) or xq + 64 (7-bit, the AVX2 packed kernel)
   int64_t Kp;
   const int8_t* w;    // (N, K)
   int64_t N, K;
@@ -140,7 +140,7 @@ CONVS2S_INLINE void quantize_row_v(const float* x, int64_t K, int8_t* q, uint8_t
     V v;
     std::memcpy(&v, x + k, sizeof(V));
     const V r = (v / div + kMagic) - kMagic;  // IEEE arithmetic: never simplified away
-    I i = __builtin_convertvector(r, I);  // as the scalar cast: a NaN becomes INT_MIN, then -127
+    I i = __builtin_convertvector(r, I);  // as the scalar cast: a NaN becomes INT_MIN, then -qmax
     i = i > qmax ? I{} + qmax : i;
     i = i < -qmax ? I{} - qmax : i;
     const Q b = __builtin_convertvector(i, Q);
@@ -590,7 +590,9 @@ CONVS2S_AVX2 inline void avx2_packed7_tile(const Operands& g, const int8_t* buf,
 }
 
 CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
-  constexpr int MT = 2;  // 8 accumulators + 4 weight vectors + 2 broadcasts + ones of 16 ymm
+  // 8-bit: 8 accumulators + 4 weight vectors + 2 broadcasts + ones of 16 ymm; 7-bit: the weights
+  // read from L1, 4 weight sums and ones of bytes in their place in the first row tile
+  constexpr int MT = 2;
   const int64_t K4 = packed_k4(g.K);
   std::vector<int8_t> scratch;
   for (int64_t n = n0; n < n1; n += kPackedCols) {

@@ -84,7 +84,7 @@ def test_seven_bit_activations_match_the_reference(rows, K, N):
     """``activation_bits=7`` (rows quantised to [-63, 63]; the AVX2 packed kernel then multiplies
     offset activations without vpsignb and subtracts the weight sums of its first row tile): every
     kernel, packed or not, auto's choice and a strided x equal the reference bit for bit, full-scale
-    weights of both signs included (the int16 pairs' extremes)."""
+    weights of both signs included."""
     x, q, s, b = _case(rows, K, N, seed=5 * rows + K)
     q[:, ::3] = 127
     q[:, 1::5] = -127
@@ -156,11 +156,13 @@ def test_packed_weight_under_isa_caps(cap):
             "    x, w, b = torch.randn(rows, K) * 5, torch.randn(N, K) / K ** 0.5, torch.randn(N)\n"
             "    q, s = ck.quantize_int8(w)\n"
             "    q[:, ::3] = 127  # full-scale weights\n"
+            "    q[0] = 127; x[0] = 63.0  # a full-scale row against a full-scale weight row: the int16 pairs' extremes\n"
             "    p, want = ck.pack_w8a8_weight(q), ck.linear_w8a8_ref(x, q, s, b)\n"
             "    want7 = ck.linear_w8a8_ref(x, q, s, b, activation_bits=7)\n"
             "    for kernel in (-1, 0, 1):\n"
             "        assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, p), want), (rows, K, N, kernel)\n"
-            "        assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, p, 7), want7), (rows, K, N, kernel, 7)\n")
+            "        for pk in (None, p):  # 7 bits, the weight packed by the caller or per call\n"
+            "            assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, pk, 7), want7), (rows, K, N, kernel)\n")
     env = dict(os.environ, CONVS2S_KERNELS_ISA=cap, ONEDNN_MAX_CPU_ISA="AVX2")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

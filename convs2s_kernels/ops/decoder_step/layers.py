@@ -48,6 +48,6 @@ class StepLayer:
     proj_scale: Optional[torch.Tensor] = None
     attention: Optional[StepAttention] = None
     int8_activations: bool = False
-    activation_bits: int = 8
     conv_packed: Optional[torch.Tensor] = None
     proj_packed: Optional[torch.Tensor] = None
+    activation_bits: int = 8
