@@ -98,6 +98,12 @@ class WeightNormed(nn.Module):
         with int8 activations, on the CPU (the cpp kernels' layout)."""
         return self.int8_activations and qweight.device.type == "cpu"
 
+    def int8_activation_options(self) -> dict:
+        """``linear_w8a8``'s ``activation_bits`` where int8 activations are not 8 bits wide, else
+        nothing (``linear_int8``, with float activations, takes no such argument)."""
+        bits = self.int8_activation_bits if self.int8_activations else 8
+        return {} if bits == 8 else {"activation_bits": bits}
+
     def int8_extra(self) -> dict:
         """The int8 product's extra arguments: with int8 activations, ``activation_bits`` where it
         is not 8, and on the CPU ``packed`` (the weight in the cpp kernels' layout,
@@ -105,7 +111,7 @@ class WeightNormed(nn.Module):
         quantized = self.int8_weight()
         if quantized is None or not self.int8_activations:
             return {}
-        extra = {} if self.int8_activation_bits == 8 else {"activation_bits": self.int8_activation_bits}
+        extra = self.int8_activation_options()
         if not self.packs_int8(quantized[0]):
             return extra
         if getattr(self, "_int8_packed_for", None) is not quantized:

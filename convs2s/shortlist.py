@@ -83,8 +83,7 @@ class VocabSubset:
             self.qweight, self.scale = (t.index_select(0, ids) for t in quantized)
             self.int8_product = fc3.int8_product()
             # the kernels' layout of the subset (once per batch), where the full weight has one
-            bits = fc3.int8_activation_bits if fc3.int8_activations else 8
-            self.int8_extra = {} if bits == 8 else {"activation_bits": bits}
+            self.int8_extra = fc3.int8_activation_options()
             if fc3.packs_int8(self.qweight):
                 self.int8_extra["packed"] = ck.pack_w8a8_weight(self.qweight)
             self.weight = None

@@ -98,7 +98,7 @@ int per_round(Isa isa) { return isa == Isa::avx512 ? kChainsFor<20> * 16 : isa =
 constexpr int kDotChainsVnni = kChainsFor<20>, kDotChainsAvx2 = 8;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dot_vnni(int64_t iters) {
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dot_vnni(int64_t iters, bool /*seven: vpdpbusd takes either alike*/) {
   constexpr int kChains = kDotChainsVnni;
   __m512i acc[kChains];
   const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-5);
@@ -126,8 +126,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dot_vnni(int64_t 
 #define CONVS2S_DOT_LOOP(GROUP)                                                                        \
   "1:\n\t" GROUP(8) GROUP(9) GROUP(10) GROUP(11) GROUP(12) GROUP(13) GROUP(14) GROUP(15) "dec %[n]\n\t" \
   "jnz 1b\n\t"
-template <bool kSeven>
-__attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters) {
+__attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters, bool seven) {
   alignas(32) int32_t out[kDotChainsAvx2 * 8] = {};
   if (iters > 0)
     asm volatile(
@@ -151,7 +150,7 @@ __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters) {
         "vmovdqa %%ymm14, 192(%[out])\n\t" "vmovdqa %%ymm15, 224(%[out])\n\t"
         "vzeroupper\n\t"
         : [n] "+r"(iters)
-        : [out] "r"(out), [seven] "r"(int64_t(kSeven))
+        : [out] "r"(out), [seven] "r"(int64_t(seven))
         // vzeroupper clears the upper halves of every ymm register, so all sixteen are clobbered
         : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
           "xmm13", "xmm14", "xmm15", "cc", "memory");
@@ -168,16 +167,15 @@ __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters) {
 // none where they have no SIMD dot product (the baseline's plain integer loops have no register
 // rate to speak of).
 struct DotLoop {
-  int64_t (*run)(int64_t iters);
+  int64_t (*run)(int64_t iters, bool seven);  // seven: the group for 7-bit activations
   int per_round;
 };
 
-DotLoop dot_loop(bool seven) {
+DotLoop dot_loop() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (kernel_has_vnni()) return {dot_vnni, kDotChainsVnni * 64};  // vpdpbusd takes either alike
-  if (kernel_isa() != Isa::base) return {seven ? dot_avx2<true> : dot_avx2<false>, kDotChainsAvx2 * 32};
+  if (kernel_has_vnni()) return {dot_vnni, kDotChainsVnni * 64};
+  if (kernel_isa() != Isa::base) return {dot_avx2, kDotChainsAvx2 * 32};
 #endif
-  (void)seven;
   return {nullptr, 0};
 }
 
@@ -197,10 +195,10 @@ double int8_dot_peak_gops(int64_t iters, int64_t activation_bits) {
   TORCH_CHECK(iters >= 1, "int8_dot_peak_gops: iters must be positive");
   TORCH_CHECK(activation_bits == 8 || activation_bits == 7, "int8_dot_peak_gops: activation_bits must be 8 or 7, got ",
               activation_bits);
-  const DotLoop loop = dot_loop(activation_bits == 7);
+  const DotLoop loop = dot_loop();
   if (!loop.run) return 0.0;
   std::atomic<int64_t> sink{0};  // the results are used, so the loops are not removed
-  const double secs = seconds_on_every_thread([&] { sink += loop.run(iters); });
+  const double secs = seconds_on_every_thread([&] { sink += loop.run(iters, activation_bits == 7); });
   TORCH_CHECK(sink.load() != 0, "int8_dot_peak_gops: the loops produced nothing");
   return 2.0 * double(iters) * loop.per_round * at::get_num_threads() / secs / 1e9;
 }

@@ -468,6 +468,29 @@ struct PrefetchShare {
 template <int NT>
 CONVS2S_AVX2 CONVS2S_INLINE __m256i pick(const I32x8 (&v)[NT], int j) { return j < NT ? __m256i(v[j]) : _mm256_setzero_si256(); }
 
+// One k4 step of a pass's prefetch share: share.lines lines spread evenly over the K4 steps (a
+// line every K4 / lines steps, or several a step); due and line carry over between steps.
+CONVS2S_INLINE void prefetch_share_step(const PrefetchShare& share, int64_t K4, int64_t& due, int64_t& line) {
+  for (due += share.lines; due >= K4; due -= K4) __builtin_prefetch(share.from + 64 * line++, 0, 2);
+}
+
+// The outputs of a packed pass (MT rows x 32 columns, cols of them real) from its accumulators,
+// less `excess` per column vector (7-bit activations' offset; zeros otherwise). The sums leave the
+// registers in loops of constant trip counts: finished straight from acc (a loop bounded by cols),
+// GCC kept a copy of every accumulator on the stack, stored at every k4.
+template <int MT>
+CONVS2S_AVX2 CONVS2S_INLINE void finish_packed_pass(const Operands& g, int64_t r, int64_t n, int64_t cols,
+                                                    const I32x8 (&acc)[MT][4], const __m256i (&excess)[4]) {
+  alignas(32) int32_t sums[MT][32];
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < 4; ++v)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sums[m] + 8 * v), _mm256_sub_epi32(__m256i(acc[m][v]), excess[v]));
+  for (int m = 0; m < MT; ++m)
+    for (int64_t c = 0; c < cols; c += 4)
+      finish_upto4(g, r + m, n + c, static_cast<int>(std::min<int64_t>(4, cols - c)),
+                   _mm_load_si128(reinterpret_cast<const __m128i*>(sums[m] + c)));
+}
+
 template <int MT, int NT>
 CONVS2S_AVX2 inline void avx2_tile(const Operands& g, int64_t r, int64_t n) {
   I32x8 acc[MT][NT];
@@ -517,8 +540,7 @@ CONVS2S_AVX2 inline void avx2_packed_tile(const Operands& g, const int8_t* buf, 
   const __m256i ones = _mm256_set1_epi16(1);
   int64_t due = 0, line = 0;
   for (int64_t k4 = 0; k4 < K4; ++k4) {
-    // share.lines lines spread evenly over the K4 steps (a line every K4 / lines steps, or several a step)
-    for (due += share.lines; due >= K4; due -= K4) __builtin_prefetch(share.from + 64 * line++, 0, 2);
+    prefetch_share_step(share, K4, due, line);
     __m256i wv[V];
     for (int v = 0; v < V; ++v) wv[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(buf + (k4 * kPackedCols + 8 * v) * 4));
     for (int m = 0; m < MT; ++m) {
@@ -532,15 +554,8 @@ CONVS2S_AVX2 inline void avx2_packed_tile(const Operands& g, const int8_t* buf, 
       }
     }
   }
-  // the sums leave the registers in loops of constant trip counts: finished straight from acc (a
-  // loop bounded by cols), GCC kept a copy of every accumulator on the stack, stored at every k4
-  alignas(32) int32_t sums[MT][8 * V];
-  for (int m = 0; m < MT; ++m)
-    for (int v = 0; v < V; ++v) _mm256_store_si256(reinterpret_cast<__m256i*>(sums[m] + 8 * v), __m256i(acc[m][v]));
-  for (int m = 0; m < MT; ++m)
-    for (int64_t c = 0; c < cols; c += 4)
-      finish_upto4(g, r + m, n + c, static_cast<int>(std::min<int64_t>(4, cols - c)),
-                   _mm_load_si128(reinterpret_cast<const __m128i*>(sums[m] + c)));
+  const __m256i none[V] = {};
+  finish_packed_pass<MT>(g, r, n, cols, acc, none);
 }
 
 // The same pass with 7-bit activations stored as xq + 64 (Operands::plus64): vpmaddubsw straight
@@ -550,7 +565,7 @@ CONVS2S_AVX2 inline void avx2_packed_tile(const Operands& g, const int8_t* buf, 
 // read from L1 as operands, which leaves registers for the sums.
 template <int MT, bool kSums>
 CONVS2S_AVX2 inline void avx2_packed7_tile(const Operands& g, const int8_t* buf, int64_t K4, int64_t r, int64_t n,
-                                           int64_t cols, const PrefetchShare& share, __m256i* wsum) {
+                                           int64_t cols, const PrefetchShare& share, __m256i (&wsum)[4]) {
   constexpr int V = 4;
   I32x8 acc[MT][V], ws[V];
   for (int v = 0; v < V; ++v) {
@@ -560,7 +575,7 @@ CONVS2S_AVX2 inline void avx2_packed7_tile(const Operands& g, const int8_t* buf,
   const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
   int64_t due = 0, line = 0;
   for (int64_t k4 = 0; k4 < K4; ++k4) {
-    for (due += share.lines; due >= K4; due -= K4) __builtin_prefetch(share.from + 64 * line++, 0, 2);
+    prefetch_share_step(share, K4, due, line);
     const int8_t* w = buf + k4 * kPackedCols * 4;
     if constexpr (kSums)
       for (int v = 0; v < V; ++v) {
@@ -579,14 +594,7 @@ CONVS2S_AVX2 inline void avx2_packed7_tile(const Operands& g, const int8_t* buf,
   }
   if constexpr (kSums)
     for (int v = 0; v < V; ++v) wsum[v] = _mm256_slli_epi32(__m256i(ws[v]), 6);
-  alignas(32) int32_t sums[MT][8 * V];
-  for (int m = 0; m < MT; ++m)
-    for (int v = 0; v < V; ++v)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sums[m] + 8 * v), _mm256_sub_epi32(__m256i(acc[m][v]), wsum[v]));
-  for (int m = 0; m < MT; ++m)
-    for (int64_t c = 0; c < cols; c += 4)
-      finish_upto4(g, r + m, n + c, static_cast<int>(std::min<int64_t>(4, cols - c)),
-                   _mm_load_si128(reinterpret_cast<const __m128i*>(sums[m] + c)));
+  finish_packed_pass<MT>(g, r, n, cols, acc, wsum);
 }
 
 CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {

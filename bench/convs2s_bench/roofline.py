@@ -72,14 +72,20 @@ def int8_gemm_peak_gops(n: int = 2048, repeats: int = 5, activation_bits: int = 
     while the decoding step's int8 products ran near 100, so it was no limit of theirs; and a
     limit the kernel itself sets would hide how far below the instructions' rate it runs.
     ``activation_bits`` 7: the kernel and the dot products with 7-bit activations."""
+    return int8_gemm_peaks_gops(n, repeats, (activation_bits,))[activation_bits]
+
+
+def int8_gemm_peaks_gops(n: int = 2048, repeats: int = 5, activation_bits: Iterable[int] = (8,)) -> Dict[int, float]:
+    """:func:`int8_gemm_peak_gops` for each of ``activation_bits``, the library's product (which
+    quantises nothing: the same for every width) timed once."""
     device = torch.device("cpu")
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
     b = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
-    secs = _best_seconds(lambda: torch._int_mm(a, b), device, repeats)
-    return max(2.0 * n ** 3 / secs / 1e9,
-               int8_kernel_peak_gops(n, repeats=repeats, activation_bits=activation_bits) or 0.0,
-               int8_dot_peak_gops(repeats=min(repeats, 3), activation_bits=activation_bits) or 0.0)
+    library = 2.0 * n ** 3 / _best_seconds(lambda: torch._int_mm(a, b), device, repeats) / 1e9
+    return {bits: max(library, int8_kernel_peak_gops(n, repeats=repeats, activation_bits=bits) or 0.0,
+                      int8_dot_peak_gops(repeats=min(repeats, 3), activation_bits=bits) or 0.0)
+            for bits in activation_bits}
 
 
 def int8_dot_peak_gops(repeats: int = 3, iters: int = 5_000_000, activation_bits: int = 8) -> Optional[float]:
@@ -215,10 +221,9 @@ def measure_peaks(device="cpu", dtypes: Iterable[torch.dtype] = (torch.float32, 
     names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
     n, mb, reps = (256, 8, 1) if small else (2048, None, 5)
     peaks = {f"gemm_gflops_{names[d]}": gemm_peak_gflops(device, d, n, reps) for d in dtypes}
-    if int8 and torch.device(device).type == "cpu":
-        peaks["gemm_gflops_int8"] = int8_gemm_peak_gops(n, reps)
-    if int7 and torch.device(device).type == "cpu":
-        peaks["gemm_gflops_int7"] = int8_gemm_peak_gops(n, reps, activation_bits=7)
+    widths = [bits for bits, asked in ((8, int8), (7, int7)) if asked]  # gemm_gflops_int8, gemm_gflops_int7
+    if widths and torch.device(device).type == "cpu":
+        peaks.update({f"gemm_gflops_int{bits}": gops for bits, gops in int8_gemm_peaks_gops(n, reps, widths).items()})
     peaks["copy_gbps"] = copy_peak_gbps(device, mb, reps)
     peaks["peak_threads"] = torch.get_num_threads()
     return peaks

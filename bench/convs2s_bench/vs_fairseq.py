@@ -127,8 +127,8 @@ def compare(*, fairseq_python: str, checkpoint: str, dicts: Optional[str], input
         raise VsFairseqError(f"{input_ids}: word ids must lie in [4, {len(src_dict)}), got {bad[0]}")
     batches, forced = plan_batches(sentences, batch_size)
     threads = torch.get_num_threads()
-    systems = SYSTEMS + tuple(s for s, on in QUANTIZED_SYSTEMS.items() if {"int8": int8, "float": int8_weights_only,
-                                                                            "int7": int7}[on])
+    asked = {"convs2s-int8": int8, "convs2s-int8w": int8_weights_only, "convs2s-int7": int7}
+    systems = SYSTEMS + tuple(s for s in QUANTIZED_SYSTEMS if asked[s])
     times: Dict = {(s, b): [] for s in systems for b in beams}
     outputs: Dict = {}
     for rep in range(repeats):
