@@ -45,7 +45,8 @@ def test_linear(benchmark, runnable, peaks, device, backend, shape, dtype_name):
 INT8_SHAPES = SHAPES + shapes(paper=[(m, k, n) for m in (32, 64, 160) for k, n in ((1536, 1024), (512, 40000))],
                               smoke=[(70, 16, 24)])
 INT8_PROVIDERS = {"reference": ck.linear_int8, "cpp": ck.linear_int8,
-                  "w8a8-reference": ck.linear_w8a8, "w8a8-cpp": ck.linear_w8a8, "w8a8-packed-cpp": ck.linear_w8a8}
+                  "w8a8-reference": ck.linear_w8a8, "w8a8-cpp": ck.linear_w8a8, "w8a8-packed-cpp": ck.linear_w8a8,
+                  "w7a8-packed-cpp": ck.linear_w8a8}
 
 
 @pytest.mark.parametrize("shape", [pytest.param(s, id=f"M{s[0]}_K{s[1]}_N{s[2]}") for s in INT8_SHAPES])
@@ -54,7 +55,8 @@ def test_linear_int8(benchmark, runnable, peaks, device, provider, shape):
     """int8 weights against the float32 product they replace (``fp32-weights``: the fastest float32
     path, ``linear`` with the kernel choice measured for the shape); ``reference``/``cpp`` are
     weight-only int8 (``linear_int8``), ``w8a8-*`` int8 weights and activations (``linear_w8a8``;
-    ``w8a8-packed-cpp`` with the weight packed once, ``pack_w8a8_weight``, as a decoder does).
+    ``w8a8-packed-cpp`` with the weight packed once, ``pack_w8a8_weight``, as a decoder does;
+    ``w7a8-packed-cpp`` the same with 7-bit activations, ``activation_bits=7``).
     The int8 references run the definition (dequantise, or exact integer sums), not a fast path."""
     m, k, n = shape
     x = torch.randn(m, k, device=device)
@@ -79,7 +81,7 @@ def test_linear_int8(benchmark, runnable, peaks, device, provider, shape):
         turn = {"i": 0}
 
         def run():
-            extra = {}
+            extra = {"activation_bits": 7} if provider.startswith("w7a8") else {}
             if packs is not None:
                 extra["packed"] = packs[turn["i"]]
                 turn["i"] = (turn["i"] + 1) % len(packs)
@@ -91,6 +93,8 @@ def test_linear_int8(benchmark, runnable, peaks, device, provider, shape):
         weight_bytes = q.numel() + 4 * n
     benchmark.group = f"linear_int8 M{m} K{k} N{n}"
     run_timed(benchmark, run, device)
-    # w8a8 multiplies int8 by int8: held against the int8 GEMM peak; the others compute in fp32
+    # w8a8 multiplies int8 by int8: held against the int8 GEMM peak (w7a8: with 7-bit activations);
+    # the others compute in fp32
+    dtype_name = {"w8a8": "int8", "w7a8": "int7"}.get(provider.split("-")[0], "fp32")
     record(benchmark, flops=2.0 * m * k * n, bytes_moved=weight_bytes + 4 * (n + m * (k + n)),
-           peaks=peaks, dtype_name="int8" if provider.startswith("w8a8") else "fp32")
+           peaks=peaks, dtype_name=dtype_name)
