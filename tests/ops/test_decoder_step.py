@@ -121,6 +121,9 @@ def test_decoder_step_bad_inputs_name_the_problem():
     with pytest.raises(ValueError, match="reaches before the first layer"):
         bad = [ck.StepLayer(layers[0].conv_weight, residual=2)] + list(layers[1:])
         ck.decoder_step(x, states, bad, emb, pad, lengths)
+    with pytest.raises(ValueError, match=r"layers\[1\]\.activation_bits must be 8 or 7, got 6"):
+        bad = [layers[0], dataclasses.replace(layers[1], int8_activations=True, activation_bits=6)] + list(layers[2:])
+        ck.decoder_step(x, states, bad, emb, pad, lengths)
     with pytest.raises(ValueError, match=r"beam_index values must lie in \[0, 3\]"):
         ck.decoder_step(x, states, layers, emb, pad, lengths, torch.tensor([0, 1, 2, 4]))
     # a float conv weight takes its conv-step packing only, never the int8 one

@@ -30,7 +30,10 @@ def _check_layers(states, layers, x: torch.Tensor) -> None:
         if not isinstance(layer, StepLayer):
             raise TypeError(f"layers[{i}] must be a convs2s_kernels.StepLayer, got {type(layer).__name__}")
         if layer.int8_activations:
-            check_activation_bits(layer.activation_bits)
+            try:
+                check_activation_bits(layer.activation_bits)
+            except ValueError as exc:  # "activation_bits must be ...": name the layer
+                raise ValueError(f"layers[{i}].{exc}") from None
         if not 0 <= layer.residual <= i + 1:
             raise ValueError(f"layers[{i}].residual = {layer.residual} reaches before the first layer's input")
         for part in ("conv", "proj"):
