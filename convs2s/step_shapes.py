@@ -45,14 +45,16 @@ def step_weight_bytes(decoder: nn.Module) -> int:
 
 def _shape(module: nn.Module, stream: int, packed: bool = False) -> List[Shape]:
     """int8 weights are quantised per output row, (N, K), whatever the float form; with int8
-    activations, form w8a8 (the packed int8 kernel or its alternative, tune.w8a8_has_choice)."""
+    activations, form w8a8 (the packed int8 kernel or its alternative, tune.w8a8_has_choice), with
+    7-bit ones w7a8."""
     dims = _dims(module, packed)
     if dims is None:
         return []
     form, K, N = dims
     if module.use_int8:
         if module.int8_activations:
-            return [Shape("w8a8", "int8", K, N, stream)] if w8a8_has_choice() else []
+            form = "w7a8" if module.int8_activation_bits == 7 else "w8a8"
+            return [Shape(form, "int8", K, N, stream)] if w8a8_has_choice() else []
         return [Shape("nk", "int8", K, N, stream)]
     dtype = _DTYPES.get(module.bias.dtype)
     return [] if dtype is None else [Shape(form, dtype, K, N, stream)]  # float64: the kernels do not take it

@@ -4,7 +4,8 @@ and for the Linear weights of the one-call step, form ``kp``, the kernel on the 
 ``pack_conv_step_weight`` / ``pack_linear_weight``) beat ATen's GEMM (MKL / oneDNN),
 and for int8 weights times int8 activations (form ``w8a8``), at which the packed int8 kernel
 (``csrc/linear_w8a8_cpu.cpp``, on the packed weight) beats the library's int8 GEMM (``_int_mm``,
-where its sums are exact) or else the reducing int8 kernel.
+where its sums are exact) or else the reducing int8 kernel; with 7-bit activations (form ``w7a8``)
+the same, timed apart (the AVX2 packed kernel runs 7 bits faster, the reducing one does not).
 
 Both candidates are timed side by side, in alternating blocks of calls, at row buckets 1..64, on weights as cold as a
 decoding step finds them: a step reads its whole weight set between two uses of one weight, so a
@@ -45,7 +46,9 @@ ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 # (N, K) nn.Linear weights; (K, N) linearised conv weights; (N, K) int8 weights times int8 activations;
 # (K, N) conv and Linear weights packed for the decoding step (pack_conv_step_weight, pack_linear_weight);
 # form kp's GEMM side is timed on the (K, N) matrix (a Linear's fallback reads its (N, K) weight transposed)
-FORMS = {"nk": 0, "kn": 1, "w8a8": 2, "kp": 3}
+FORMS = {"nk": 0, "kn": 1, "w8a8": 2, "kp": 3, "w7a8": 4}
+# int8 weights times int8 activations, and the activations' bits of each such form
+ACTIVATION_BITS = {"w8a8": 8, "w7a8": 7}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 _applied: Dict[str, dict] = {}  # shape name -> entry handed to the extension in this process
 _unmeasured: set = set()  # shapes looked up and left at the default (measuring off), under _applied_key
@@ -71,8 +74,8 @@ class Shape:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.form in ("kn", "kp") and self.dtype == "int8":
             raise ValueError("int8 weights are stored (N, K): form nk")
-        if self.form == "w8a8" and self.dtype != "int8":
-            raise ValueError(f"form w8a8 multiplies int8 weights, got {self.dtype}")
+        if self.form in ACTIVATION_BITS and self.dtype != "int8":
+            raise ValueError(f"form {self.form} multiplies int8 weights, got {self.dtype}")
         if self.K < 1 or self.N < 1:
             raise ValueError(f"K and N must be positive, got {self.K}x{self.N}")
         if self.stream_mb < 0 or self.stream_mb & (self.stream_mb - 1):
@@ -126,7 +129,7 @@ def w8a8_has_choice() -> bool:
 
 def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], object], Callable[[], object]]:
     """``(few-row kernel, ATen GEMM)`` for ``rows`` rows of this shape, each a no-argument call
-    (w8a8: the packed int8 kernel on the packed weight, and its alternative: the library's int8
+    (w8a8 and w7a8: the packed int8 kernel on the packed weight, and its alternative: the library's int8
     GEMM where its sums are exact, else the reducing kernel).
     With ``stream_mb``, each call (of either) multiplies the next of as many copies of the weight as
     fill it, so that every call reads a weight that the others pushed out of the caches, as in a step."""
@@ -134,18 +137,20 @@ def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], obj
     x, w, b = _operands(shape, rows, torch.Generator().manual_seed(seed))
     copies = max(1, -(-(shape.stream_mb << 20) // shape.weight_bytes))
     pool = [w] + [tuple(t.clone() for t in w) if isinstance(w, tuple) else w.clone() for _ in range(copies - 1)]
-    if shape.form == "w8a8":  # the packed layout the decoder hands the kernels, made once per weight
+    if shape.form in ACTIVATION_BITS:  # the packed layout the decoder hands the kernels, made once per weight
         from .ops.linear_w8a8.reference import pack_w8a8_weight
         pool = [(q, s, pack_w8a8_weight(q)) for q, s in pool]
     if shape.form == "kp":  # the conv weight and the packed copy the decoding step reads
         pool = [(w, C.pack_kn_weight(w)) for w in pool]
     # one cycle for both: the GEMM must not read the copy the kernel has just brought into cache
     kernel_w = gemm_w = _cycle(pool)
-    if shape.form == "w8a8":
+    if shape.form in ACTIVATION_BITS:
+        bits = ACTIVATION_BITS[shape.form]
+
         def w8a8(kernel: int) -> Callable[[], object]:
             def call():
                 q, s, packed = kernel_w()
-                return C.linear_w8a8_with(x, q, s, b, kernel, packed)
+                return C.linear_w8a8_with(x, q, s, b, kernel, packed, bits)
             return call
         return w8a8(1), w8a8(C.linear_w8a8_alternative())
     if shape.dtype == "int8":
@@ -200,11 +205,22 @@ def kernel_rows(timings: Dict[int, Tuple[float, float]], cap: int) -> List[bool]
     return choice
 
 
+def stops_after_two_losses(shape: Shape) -> bool:
+    """Whether measuring may stop once the kernel has lost at two buckets in a row: against a GEMM,
+    whose lead only grows with the rows, yes. Not for w8a8 against the reducing int8 kernel (no
+    exact library int8 GEMM): that one can lead at 1-2 rows and fall behind from a few more
+    (3072 x 2048 on a Zen 3: the packed kernel lost at 1 and 2 rows and would have won 12-64 by
+    1.3x; stopping there left every row count of the step's largest weights on the reducing kernel)."""
+    return not (shape.form in ACTIVATION_BITS and not native().linear_w8a8_library_exact())
+
+
 def measure(shape: Shape, buckets: Iterable[int] = ROW_BUCKETS) -> dict:
-    """Time both candidates at every bucket (up to the kernels' row cap) until the kernel has lost
-    at two buckets in a row; a loss is timed again with more rounds before it counts (one noisy
-    sample must not decide). The entry holds the timings (microseconds, kernel then GEMM)."""
+    """Time both candidates at every bucket (up to the kernels' row cap), until the kernel has lost
+    at two buckets in a row where :func:`stops_after_two_losses`; a loss is timed again with more
+    rounds before it counts (one noisy sample must not decide). The entry holds the timings
+    (microseconds, kernel then GEMM)."""
     cap = native().few_rows_max()
+    stops = stops_after_two_losses(shape)
     timings: Dict[int, Tuple[float, float]] = {}
     losses = 0
     for rows in (r for r in buckets if r <= cap):
@@ -213,7 +229,7 @@ def measure(shape: Shape, buckets: Iterable[int] = ROW_BUCKETS) -> dict:
         if timings[rows][0] > timings[rows][1]:
             timings[rows] = tuple(time_pair(fns, rounds=5, budget_s=1.0))
         losses = losses + 1 if timings[rows][0] > timings[rows][1] else 0
-        if losses == 2:
+        if losses == 2 and stops:
             break
     return dict(timings={str(r): [round(t * 1e6, 2) for t in ts] for r, ts in timings.items()})
 
@@ -331,7 +347,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not shapes:
             shapes = [parse_shape(name) for name in tune_cache.load()]
         for dtype in (d.strip() for d in args.dtype.split(",") if d.strip()):
-            shapes += [Shape(s.form, dtype, s.K, s.N) for s in shapes if not (dtype == "int8" and s.form in ("kn", "kp"))]
+            shapes += [Shape(s.form, dtype, s.K, s.N) for s in shapes
+                       if not (dtype == "int8" and s.form in ("kn", "kp")) and s.form not in ACTIVATION_BITS]
     except ValueError as exc:
         p.error(str(exc))
     if not shapes:

@@ -24,7 +24,7 @@ from . import env
 from .atomic_files import atomic_write_text
 from .extension import small_gemm_isa
 
-SCHEMA = 2  # 2: candidates timed in blocks (tune.time_pair), not call by call
+SCHEMA = 3  # 2: candidates timed in blocks (tune.time_pair); 3: w8a8 against the reducing kernel at every bucket
 DIR_ENV = "CONVS2S_TUNE_CACHE"
 
 

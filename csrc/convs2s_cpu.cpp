@@ -110,8 +110,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether the math library's int8 GEMM sums exactly here (linear_w8a8 may then take it: see linear_w8a8_kernel)");
   m.def("linear_w8a8_kernel", &convs2s::linear_w8a8_kernel,
         "the kernel linear_w8a8 runs for M rows of an (N, K) int8 weight (0 reducing, 1 packed blocks, 2 the "
-        "library's int8 GEMM, 3 AMX): by the measured kernel choice (form 2), the packed weight and the CPU",
-        py::arg("M"), py::arg("K"), py::arg("N"), py::arg("has_packed"));
+        "library's int8 GEMM, 3 AMX): by the measured kernel choice (form 2, or 4 for 7-bit activations), the "
+        "packed weight and the CPU",
+        py::arg("M"), py::arg("K"), py::arg("N"), py::arg("has_packed"), py::arg("activation_bits") = 8);
   m.def("linear_w8a8_alternative", &convs2s::linear_w8a8_alternative,
         "what a measured int8 choice runs where the packed kernel lost: 2 (the library, where exact) or 0 (reducing)");
   m.def("decoder_layers_step", &convs2s::decoder_layers_step,

@@ -52,9 +52,10 @@ bool use_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, 
 
 void set_few_rows_choice(int64_t form, at::ScalarType weight_dtype, int64_t K, int64_t N,
                          const std::vector<bool>& kernel_rows) {
-  TORCH_CHECK(form >= 0 && form <= 3, "form is 0 (nk), 1 (kn), 2 (w8a8) or 3 (kp: packed (K, N))");
+  TORCH_CHECK(form >= 0 && form <= 4,
+              "form is 0 (nk), 1 (kn), 2 (w8a8), 3 (kp: packed (K, N)) or 4 (w7a8: 7-bit activations)");
   TORCH_CHECK(form != 3 || weight_dtype != at::kChar, "form 3 (kp) takes float32 or bf16 weights");
-  TORCH_CHECK(form != 2 || weight_dtype == at::kChar, "form 2 (w8a8) takes int8 weights");
+  TORCH_CHECK((form != 2 && form != 4) || weight_dtype == at::kChar, "forms 2 (w8a8) and 4 (w7a8) take int8 weights");
   TORCH_CHECK(static_cast<int64_t>(kernel_rows.size()) == kSmallGemmMaxRows, "the choice needs one entry per row count 1..",
               kSmallGemmMaxRows);
   std::lock_guard<std::mutex> guard(choices_mutex());

@@ -727,10 +727,11 @@ bool linear_w8a8_library_exact() { return library_sums_exact(); }
 
 int64_t linear_w8a8_alternative() { return library_sums_exact() ? kLibrary : kReducing; }
 
-int64_t linear_w8a8_kernel(int64_t M, int64_t K, int64_t N, bool has_packed) {
+int64_t linear_w8a8_kernel(int64_t M, int64_t K, int64_t N, bool has_packed, int64_t activation_bits) {
   if (has_packed && M >= kAmxMinRows && kernel_has_amx_int8()) return kAmx;  // the weight's bytes are its only cost
+  const Form form = activation_bits == 7 ? Form::w7a8 : Form::w8a8;
   if (has_packed && kernel_isa() != Isa::base)
-    if (const auto packed_wins = measured_few_rows(Form::w8a8, at::kChar, K, N, M))
+    if (const auto packed_wins = measured_few_rows(form, at::kChar, K, N, M))
       return *packed_wins ? kPacked : linear_w8a8_alternative();
   if (M >= kLibraryMinRows && library_sums_exact()) return kLibrary;
   if (kernel_has_vnni()) return has_packed || packed_pays(M, K) ? kPacked : kReducing;
@@ -770,7 +771,7 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
   const at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const bool vnni = kernel_has_vnni();
   const Isa isa = kernel_isa();
-  const int64_t chosen = kernel >= 0 ? kernel : linear_w8a8_kernel(M, K, N, packed.has_value());
+  const int64_t chosen = kernel >= 0 ? kernel : linear_w8a8_kernel(M, K, N, packed.has_value(), activation_bits);
   const bool amx = chosen == kAmx, library = chosen == kLibrary;
   const bool use_packed = chosen == kPacked;  // the packed block kernel (VNNI or AVX2; the baseline has one kernel)
   // the kernels read whole vectors (one spare: full loads never leave the buffer) and AMX whole

@@ -51,6 +51,31 @@ def test_measure_times_both_candidates_until_the_kernel_loses(fresh):
     assert all(len(v) == 2 and min(v) > 0 for v in entry["timings"].values())
 
 
+@pytest.mark.parametrize("library_exact", [False, True])
+def test_w8a8_against_the_reducing_kernel_is_measured_at_every_bucket(monkeypatch, library_exact):
+    """The reducing int8 kernel (the alternative where the library's int8 sums are not exact) can
+    win at 1-2 rows and lose from 4: two early losses must not hand it every row count. Against
+    the library's GEMM, two losses in a row still end the measuring."""
+    class FakeExtension:
+        def few_rows_max(self):
+            return 64
+
+        def linear_w8a8_library_exact(self):
+            return library_exact
+
+    monkeypatch.setattr(tune, "native", lambda: FakeExtension())
+    monkeypatch.setattr(tune, "candidates", lambda shape, rows: rows)  # time_pair gets the row count
+    monkeypatch.setattr(tune, "time_pair", lambda rows, **kw: (2.0, 1.0) if rows <= 2 else (1.0, 2.0))
+    entry = tune.measure(tune.Shape("w8a8", "int8", 3072, 2048), buckets=(1, 2, 4, 8, 12))
+    measured = [int(r) for r in entry["timings"]]
+    if library_exact:
+        assert measured == [1, 2]
+    else:
+        assert measured == [1, 2, 4, 8, 12]
+        assert tune.kernel_rows(tune._timings(entry), 12) == [False] * 3 + [True] * 9
+    assert tune.stops_after_two_losses(tune.Shape("nk", "float32", 24, 40))
+
+
 def test_candidates_are_timed_in_blocks_of_their_own_calls():
     """Each round runs one candidate per_block + 1 times in a row, then the other; the first call
     of a block (the one after the other candidate's) is not timed: a kernel timed right after a
@@ -185,6 +210,29 @@ def test_the_w8a8_choice_picks_the_packed_kernel_or_its_alternative_per_row_coun
     assert torch.equal(kernel(), other())
 
 
+def test_7_bit_activations_take_their_own_measured_choice(fresh):
+    """Form w7a8 is set and consulted apart from w8a8: the AVX2 packed kernel runs 7-bit rows faster
+    and the reducing kernel does not, so one weight can take different kernels at the two widths.
+    Both candidates of a w7a8 shape give the same products bit for bit."""
+    C = native()
+    K, N = 96, 80
+    if not tune.w8a8_has_choice():
+        pytest.skip(f"no int8 kernel choice on this CPU ({C.linear_w8a8_isa()}: one kernel, or AMX at every row count)")
+    alternative = C.linear_w8a8_alternative()
+    C.set_few_rows_choice(tune.FORMS["w8a8"], "int8", K, N, [m <= 4 for m in range(1, 65)])
+    C.set_few_rows_choice(tune.FORMS["w7a8"], "int8", K, N, [m >= 3 for m in range(1, 65)])
+    eight = [C.linear_w8a8_kernel(m, K, N, True) for m in range(1, 65)]
+    seven = [C.linear_w8a8_kernel(m, K, N, True, 7) for m in range(1, 65)]
+    assert eight == [1 if m <= 4 else alternative for m in range(1, 65)]
+    assert seven == [1 if m >= 3 else alternative for m in range(1, 65)]
+    with pytest.raises(RuntimeError, match="w7a8.*int8"):
+        C.set_few_rows_choice(tune.FORMS["w7a8"], "float32", K, N, [True] * 64)
+    with pytest.raises(ValueError, match="form w7a8 multiplies int8 weights"):
+        tune.Shape("w7a8", "float32", K, N)
+    kernel, other = tune.candidates(tune.Shape("w7a8", "int8", K, N), rows=7)
+    assert torch.equal(kernel(), other())
+
+
 def test_cli_prints_the_table_and_refuses_bad_shapes(fresh):
     env = dict(__import__("os").environ, **{tune_cache.DIR_ENV: str(fresh)})
     run = lambda *a: subprocess.run([sys.executable, "-m", "convs2s_kernels.tune", *a], capture_output=True,  # noqa: E731
@@ -216,6 +264,9 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
         assert "w8a8:int8:768x512@2MB" in w8a8 and all(n.startswith("w8a8:int8:") for n in w8a8)
     else:  # AMX or the baseline: nothing to choose
         assert w8a8 == []
+    model.quantize_decoder_int8(activations="int7")  # 7-bit activations: their own choice (form w7a8)
+    w7a8 = [s.name for s in step_weight_shapes(model.decoder)]
+    assert w7a8 == [n.replace("w8a8:", "w7a8:") for n in w8a8]
     model.quantize_decoder_int8(activations="float")
     int8 = [s.name for s in step_weight_shapes(model.decoder)]
     assert "nk:int8:768x512@2MB" in int8 and all(":int8:" in n for n in int8)  # a quarter of the bytes
