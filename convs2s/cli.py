@@ -80,6 +80,9 @@ def _load_for_translation(args):
     if args.fairseq_checkpoint is None:
         raise SystemExit("error: give a model with --fairseq-checkpoint PATH (and --fairseq-dicts DIR if the "
                          "dictionaries are not beside it)")
+    if args.int8_encoder and not (args.int8 or args.int8_weights_only or args.int7):
+        raise SystemExit("error: --int8-encoder quantises the encoder alike: give it with --int8, --int7 or "
+                         "--int8-weights-only")
     try:  # check the backend before the (slow) checkpoint load
         ck.requested_backends(args.backend)
     except ValueError as exc:
@@ -88,7 +91,10 @@ def _load_for_translation(args):
                                                       trust_pickle=args.trust_pickle)
     model.use_backend(args.backend)
     if args.int8 or args.int8_weights_only or args.int7:
-        model.quantize_decoder_int8(activations="float" if args.int8_weights_only else "int7" if args.int7 else "int8")
+        activations = "float" if args.int8_weights_only else "int7" if args.int7 else "int8"
+        model.quantize_decoder_int8(activations=activations)
+        if args.int8_encoder:
+            model.quantize_encoder_int8(activations=activations)
     return model, src_dict, tgt_dict
 
 
@@ -285,6 +291,9 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                       help="as --int8 with the activations quantised to 7 bits: on AVX2 CPUs without VNNI the "
                            "packed int8 kernel needs fewer instructions per product, at a further small quality "
                            "cost (see the README)")
+    p.add_argument("--int8-encoder", action="store_true",
+                   help="with --int8, --int7 or --int8-weights-only: the encoder's weights (and activations) "
+                        "alike, not only the decoder's")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
 
 
@@ -354,6 +363,10 @@ def _add_vs_fairseq_parser(bsub) -> None:
                     help="also time convs2s with int8 decoder weights and float32 activations (convs2s-int8w)")
     vs.add_argument("--int7", action="store_true",
                     help="also time convs2s with int8 decoder weights and 7-bit activations (convs2s-int7)")
+    vs.add_argument("--int8-encoder", action="store_true",
+                    help="also time convs2s with int8 encoder and decoder weights and activations (convs2s-int8e)")
+    vs.add_argument("--int7-encoder", action="store_true",
+                    help="also time convs2s with int8 encoder and decoder weights and 7-bit activations (convs2s-int7e)")
     vs.add_argument("--json", help="also write the numbers here")
     vs.set_defaults(func=cmd_vs_fairseq)
 

@@ -102,10 +102,14 @@ class Encoder(nn.Module):
             residual = residual_input(residuals, proj, r, linear_backend)
             # Dropout before masking equals fairseq's mask-then-dropout: dropped zeros stay zero.
             x = F.dropout(x, self.dropout, self.training)
-            x = ck.conv_glu(
-                x, conv.effective_weight(), conv.bias, causal=False, residual=residual,
-                scale=SQRT_HALF if residual is not None else None, pad_mask=mask, backend=backend,
-            )
+            if conv.use_int8 and linear_backend != NO_DISPATCH:  # translating with int8 weights
+                x = conv.int8_sequence(x, causal=False, pad_mask=mask, backend=backend)
+                x = x if residual is None else (x + residual) * SQRT_HALF
+            else:
+                x = ck.conv_glu(
+                    x, conv.effective_weight(), conv.bias, causal=False, residual=residual,
+                    scale=SQRT_HALF if residual is not None else None, pad_mask=mask, backend=backend,
+                )
             residuals.append(x)
         x = self.fc2(x, linear_backend)
         if mask is not None:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import convs2s_kernels as ck
 from convs2s_kernels.huge_pages import on_huge_pages
+from convs2s_kernels.ops.conv_glu import conv_padding
 
 SQRT_HALF = math.sqrt(0.5)
 
@@ -260,6 +261,25 @@ class ConvTBCWeight(WeightNormed):
         window = torch.cat([state, x.unsqueeze(1)], dim=1)
         pre = self.int8_product()(window.flatten(1), *quantized, self.bias, backend=backend, **self.int8_extra())
         return F.glu(pre, dim=-1), window[:, 1:]
+
+    def int8_sequence(self, x: torch.Tensor, *, causal: bool, pad_mask: Optional[torch.Tensor] = None,
+                      backend: Optional[str] = None) -> torch.Tensor:
+        """GLU of the convolution over whole sequences ``x (B, T, C_in)`` with the int8 weight
+        (:meth:`int8_weight`, on when the model is quantised): each step's window of k inputs
+        (zero padding as ``conv_glu``'s, padded steps zeroed) is one row of the int8 product, as
+        one decoding step's is. Returns ``(B, T, C)``; ``conv_glu`` without its residual and scale."""
+        quantized = self.int8_weight()
+        if quantized is None:
+            raise RuntimeError("int8_sequence needs the int8 weight on (ConvS2SModel.quantize_encoder_int8)")
+        B, T, C_in = x.shape
+        k = self.kernel_width
+        if pad_mask is not None:
+            x = x.masked_fill(pad_mask.unsqueeze(-1), 0.0)
+        left, right = conv_padding(k, causal)
+        windows = F.pad(x, (0, 0, left, right)).unfold(1, k, 1)  # (B, T, C_in, k): tap j sees step t - left + j
+        rows = windows.transpose(2, 3).reshape(B * T, k * C_in)
+        pre = self.int8_product()(rows, *quantized, self.bias, backend=backend, **self.int8_extra())
+        return F.glu(pre, dim=-1).view(B, T, -1)
 
 
 def embedding(num_embeddings: int, dim: int, padding_idx: int) -> nn.Embedding:

@@ -135,9 +135,19 @@ class ConvS2SModel(nn.Module):
         ``"float"`` keeps float32 activations and sums (weight-only,
         :func:`convs2s_kernels.linear_int8`). The parameters and the full forward (training,
         scoring) are untouched; ``enabled=False`` turns it off."""
+        return self._quantize_int8(self.decoder, enabled, activations)
+
+    def quantize_encoder_int8(self, enabled: bool = True, *, activations: str = "int8") -> "ConvS2SModel":
+        """The same for the encoder when it encodes without gradients (``encode`` under
+        ``torch.no_grad``, translating): its linear layers and convolutions (each step's window
+        of inputs one row of the int8 product, :meth:`ConvTBCWeight.int8_sequence`). Training
+        and anything with gradients keep float32."""
+        return self._quantize_int8(self.encoder, enabled, activations)
+
+    def _quantize_int8(self, part: nn.Module, enabled: bool, activations: str) -> "ConvS2SModel":
         if activations not in INT8_ACTIVATIONS:
             raise ValueError(f"activations must be one of {', '.join(map(repr, INT8_ACTIVATIONS))}, got {activations!r}")
-        for m in self.decoder.modules():
+        for m in part.modules():
             if isinstance(m, WeightNormed):
                 m.use_int8 = enabled
                 m.int8_activations = activations != "float"

@@ -339,6 +339,64 @@ def test_int8_decoding_is_close_to_fp32_and_equal_across_backends(activations):
         model.quantize_decoder_int8(activations="fp8")
 
 
+@pytest.mark.parametrize("activations", ["int8", "int7", "float"])
+def test_int8_encoding_is_close_to_fp32_and_equal_across_backends(activations):
+    """quantize_encoder_int8: the encoder's convolutions (centred, even widths, residuals 0/1/2,
+    left padding) and linear layers on int8 weights when encoding without gradients, close to
+    fp32 and the same on every backend; with gradients (training) the float32 encoder, untouched."""
+    model = small("custom", **CUSTOM)
+    src, _ = random_batch(3, 7, 2, lengths=[7, 2, 5])
+    with torch.no_grad():
+        fp32 = model.encode(src)
+    model.quantize_encoder_int8(activations=activations)
+    per_backend = {}
+    for backend in ("reference", "cpp"):
+        if ck.available_backends()[backend] is not None:
+            assert backend not in required_backends(), ck.available_backends()[backend]
+            continue
+        with torch.no_grad():
+            per_backend[backend] = model.use_backend(backend).encode(src)
+    model.use_backend(None)
+    int8 = per_backend["reference"]
+    pad = fp32.pad_mask.unsqueeze(-1)
+    assert torch.equal(int8.pad_mask, fp32.pad_mask) and torch.equal(int8.src_lengths, fp32.src_lengths)
+    assert not int8.z.masked_select(pad).any(), "padded steps stay zero"
+    for got, want in ((int8.z, fp32.z), (int8.y, fp32.y)):
+        rel = ((got - want).norm() / want.norm()).item()
+        assert 0 < rel < 0.05, f"int8 encoder outputs differ from fp32 by {rel:.3f} (relative L2)"
+    if "cpp" in per_backend:
+        torch.testing.assert_close(per_backend["cpp"].z, int8.z, atol=1e-5, rtol=1e-4)
+    trained = model.encode(src)  # gradients on: the float32 encoder
+    torch.testing.assert_close(trained.z, fp32.z, atol=1e-6, rtol=1e-5)
+    model.quantize_encoder_int8(False)
+    with torch.no_grad():
+        assert torch.equal(model.encode(src).z, fp32.z), "turning int8 off restores the float32 encoder"
+
+
+def test_int8_sequence_rows_are_the_decoding_steps_windows():
+    """A causal int8_sequence over T steps equals T int8 decoding steps of the same convolution
+    (each step's window one row, quantised alike), bit for bit; centred, it equals the causal one
+    shifted by the left padding."""
+    torch.manual_seed(3)
+    conv = convs2s.layers.ConvTBCWeight(6, 10, 4).eval()
+    conv.use_int8 = True
+    x = torch.randn(2, 5, 6)
+    with torch.no_grad():
+        seq = conv.int8_sequence(x, causal=True, backend="reference")
+        state = torch.zeros(2, 3, 6)
+        steps = []
+        for t in range(5):
+            out, state = conv.step(x[:, t], state, None, backend="reference")
+            steps.append(out)
+        assert torch.equal(seq, torch.stack(steps, 1))
+        centred = conv.int8_sequence(x, causal=False, backend="reference")  # k = 4: one step left, two right
+        padded = conv.int8_sequence(torch.cat([x, torch.zeros(2, 2, 6)], 1), causal=True, backend="reference")
+        assert torch.equal(centred, padded[:, 2:])
+    conv.use_int8 = False
+    with pytest.raises(RuntimeError, match="needs the int8 weight"):
+        conv.int8_sequence(x, causal=True)
+
+
 @pytest.mark.parametrize("variant", ["fp32", "bf16", "int8", "int8-weights-only", "int7"])
 def test_one_call_decoder_step_equals_the_layer_loop(variant):
     """The layers of a step in one C++ call give the Python loop's results through beam reorders and

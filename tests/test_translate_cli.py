@@ -136,3 +136,14 @@ def test_translate_int8_equals_generate_with_int8_weights(fixture_dir, tmp_path)
         model.quantize_decoder_int8(activations=activations)
         hyps = convs2s.generate(model, ids, beam=2, max_len_b=5, fold_attention=True)
         assert out_file.read_text().split("\n")[:-1] == [tgt_dict.string(h[0]["tokens"]) for h in hyps], flag
+    # --int8-encoder: the encoder's weights alike (the int7 decoder above still on)
+    assert main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(src), "--output", str(out_file),
+                 "--beam", "2", "--max-len-b", "5", "--int7", "--int8-encoder", "--fold-attention"]) == 0
+    model.quantize_encoder_int8(activations="int7")
+    hyps = convs2s.generate(model, ids, beam=2, max_len_b=5, fold_attention=True)
+    assert out_file.read_text().split("\n")[:-1] == [tgt_dict.string(h[0]["tokens"]) for h in hyps]
+
+
+def test_int8_encoder_alone_is_refused(capsys):
+    with pytest.raises(SystemExit, match="--int8-encoder quantises the encoder alike: give it with --int8"):
+        main(["translate", "--fairseq-checkpoint", "never-read.pt", "--int8-encoder"])

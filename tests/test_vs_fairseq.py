@@ -81,17 +81,35 @@ def test_vs_fairseq_times_both_and_checks_the_outputs(fixture_dir, stand_in, tmp
     assert "| fairseq-cached | 3 |" in out and f"{len(sentences)}/{len(sentences)}" in out
 
 
-def test_vs_fairseq_with_int8_times_three_more_systems(fixture_dir, stand_in):
+def test_vs_fairseq_with_int8_times_five_more_systems(fixture_dir, stand_in, monkeypatch):
     """``--int8`` / ``--int8-weights-only`` / ``--int7``: convs2s with int8 decoder weights (and
-    int8, float or 7-bit activations) beside the fp32 run, their outputs held against fairseq's; the
-    model is back in float32 afterwards."""
+    int8, float or 7-bit activations) beside the fp32 run; ``--int8-encoder`` / ``--int7-encoder``
+    the encoder's weights too; their outputs held against fairseq's; the model is back in float32
+    after each."""
+    import convs2s_bench.vs_fairseq as vs
+
     python, _ = stand_in
+    quantised = []  # (decoder, encoder) int8 settings of every convs2s run
+    run = vs.run_convs2s
+
+    def recording_run(model, *args):
+        parts = [[(m.use_int8, m.int8_activation_bits if m.use_int8 else None) for m in part.modules()
+                  if hasattr(m, "use_int8")]
+                 for part in (model.decoder, model.encoder)]
+        quantised.append(tuple(p[0] if len(set(p)) == 1 else "mixed" for p in parts))
+        return run(model, *args)
+
+    monkeypatch.setattr(vs, "run_convs2s", recording_run)
     result = compare(fairseq_python=str(python), checkpoint=str(fixture_dir / "checkpoint.pt"), dicts=None,
                      input_ids=str(fixture_dir / "source.ids"), beams=[2], int8=True, int8_weights_only=True,
-                     int7=True, log=lambda m: None)
+                     int7=True, int8_encoder=True, int7_encoder=True, log=lambda m: None)
     rows = {r["system"]: r for r in result["rows"]}
-    assert list(rows) == ["fairseq", "fairseq-cached", "convs2s", "convs2s-int8", "convs2s-int8w", "convs2s-int7"]
-    for system in ("convs2s-int8", "convs2s-int8w", "convs2s-int7"):
+    assert list(rows) == ["fairseq", "fairseq-cached", "convs2s", "convs2s-int8", "convs2s-int8w", "convs2s-int7",
+                          "convs2s-int8e", "convs2s-int7e"]
+    off = (False, None)
+    assert quantised == [(off, off), ((True, 8), off), ((True, 8), off), ((True, 7), off), ((True, 8), (True, 8)),
+                         ((True, 7), (True, 7))]
+    for system in ("convs2s-int8", "convs2s-int8w", "convs2s-int7", "convs2s-int8e", "convs2s-int7e"):
         a = rows[system]["agreement_with_fairseq"]
         assert a["sentences"] == len(read_ids(str(fixture_dir / "source.ids")))
         assert 0 <= a["top1_identical"] <= a["sentences"]

@@ -98,19 +98,23 @@ def agreement(ours: Sequence, theirs: Sequence) -> dict:
     return dict(sentences=len(ours), top1_identical=top1, nbest_identical=lists, max_top1_score_diff=diff)
 
 
-# convs2s with int8 decoder weights: the system's name and its activations (quantize_decoder_int8)
-QUANTIZED_SYSTEMS = {"convs2s-int8": "int8", "convs2s-int8w": "float", "convs2s-int7": "int7"}
+# convs2s with int8 weights: the system's name, its activations (quantize_decoder_int8) and whether
+# the encoder is quantised alike (quantize_encoder_int8)
+QUANTIZED_SYSTEMS = {"convs2s-int8": ("int8", False), "convs2s-int8w": ("float", False), "convs2s-int7": ("int7", False),
+                     "convs2s-int8e": ("int8", True), "convs2s-int7e": ("int7", True)}
 
 
 def compare(*, fairseq_python: str, checkpoint: str, dicts: Optional[str], input_ids: str,
             beams: Sequence[int] = (1, 5), repeats: int = 1, batch_size: int = 128, config=None,
-            int8: bool = False, int8_weights_only: bool = False, int7: bool = False, log=print) -> dict:
+            int8: bool = False, int8_weights_only: bool = False, int7: bool = False, int8_encoder: bool = False,
+            int7_encoder: bool = False, log=print) -> dict:
     """Time every system at every beam, ``repeats`` times interleaved; compare their outputs.
     ``int8`` adds convs2s with int8 decoder weights and activations (``convs2s-int8``,
     ``linear_w8a8``), ``int8_weights_only`` with int8 weights and float32 activations
     (``convs2s-int8w``, ``linear_int8``), ``int7`` with int8 weights and 7-bit activations
-    (``convs2s-int7``); their outputs are compared with fairseq's like the others (they are not
-    expected to be identical)."""
+    (``convs2s-int7``), ``int8_encoder`` / ``int7_encoder`` the same as ``int8`` / ``int7`` with the
+    encoder quantised alike (``convs2s-int8e``, ``convs2s-int7e``); their outputs are compared
+    with fairseq's like the others (they are not expected to be identical)."""
     import convs2s
 
     if not os.path.exists(fairseq_python):
@@ -127,7 +131,8 @@ def compare(*, fairseq_python: str, checkpoint: str, dicts: Optional[str], input
         raise VsFairseqError(f"{input_ids}: word ids must lie in [4, {len(src_dict)}), got {bad[0]}")
     batches, forced = plan_batches(sentences, batch_size)
     threads = torch.get_num_threads()
-    asked = {"convs2s-int8": int8, "convs2s-int8w": int8_weights_only, "convs2s-int7": int7}
+    asked = {"convs2s-int8": int8, "convs2s-int8w": int8_weights_only, "convs2s-int7": int7,
+             "convs2s-int8e": int8_encoder, "convs2s-int7e": int7_encoder}
     systems = SYSTEMS + tuple(s for s in QUANTIZED_SYSTEMS if asked[s])
     times: Dict = {(s, b): [] for s in systems for b in beams}
     outputs: Dict = {}
@@ -135,9 +140,11 @@ def compare(*, fairseq_python: str, checkpoint: str, dicts: Optional[str], input
         for beam in beams:
             for system in systems:
                 if system.startswith("convs2s"):
-                    model.quantize_decoder_int8(system != "convs2s", activations=QUANTIZED_SYSTEMS.get(system, "int8"))
+                    activations, encoder = QUANTIZED_SYSTEMS.get(system, ("int8", False))
+                    model.quantize_decoder_int8(system != "convs2s", activations=activations)
+                    model.quantize_encoder_int8(encoder, activations=activations)
                     out = run_convs2s(model, sentences, batches, forced, beam, config)
-                    model.quantize_decoder_int8(False)
+                    model.quantize_decoder_int8(False).quantize_encoder_int8(False)
                 else:
                     out = run_fairseq(fairseq_python, checkpoint, sentences, batches, forced, beam, threads,
                                       cached=system == "fairseq-cached")
