@@ -80,9 +80,9 @@ def _load_for_translation(args):
     if args.fairseq_checkpoint is None:
         raise SystemExit("error: give a model with --fairseq-checkpoint PATH (and --fairseq-dicts DIR if the "
                          "dictionaries are not beside it)")
-    if args.int8_encoder and not (args.int8 or args.int8_weights_only or args.int7):
-        raise SystemExit("error: --int8-encoder quantises the encoder alike: give it with --int8, --int7 or "
-                         "--int8-weights-only")
+    if args.int8_encoder and not (args.int8 or args.int7):
+        raise SystemExit("error: --int8-encoder quantises the encoder alike: give it with --int8 or --int7 (with "
+                         "float activations its many-row products would turn every weight back into float32 per call)")
     try:  # check the backend before the (slow) checkpoint load
         ck.requested_backends(args.backend)
     except ValueError as exc:
@@ -292,8 +292,8 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                            "packed int8 kernel needs fewer instructions per product, at a further small quality "
                            "cost (see the README)")
     p.add_argument("--int8-encoder", action="store_true",
-                   help="with --int8, --int7 or --int8-weights-only: the encoder's weights (and activations) "
-                        "alike, not only the decoder's")
+                   help="with --int8 or --int7: the encoder's weights and activations alike, not only the "
+                        "decoder's")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
 
 

@@ -67,8 +67,8 @@ class WeightNormed(nn.Module):
             self._wn_cache_key = key
         return self._wn_cache
 
-    # --- int8 weights for decoding steps ---------------------------------------------------------
-    use_int8 = False  # set by ConvS2SModel.quantize_decoder_int8; never touches the parameters
+    # --- int8 weights for inference (decoding steps; the encoder without gradients) ---------------
+    use_int8 = False  # set by ConvS2SModel.quantize_decoder_int8 / quantize_encoder_int8; never touches the parameters
     int8_activations = True  # with int8 weights: quantise each row of x too (linear_w8a8), else float x
     int8_activation_bits = 8  # what linear_w8a8 quantises those rows to (8 or 7)
 
@@ -82,7 +82,7 @@ class WeightNormed(nn.Module):
         raise NotImplementedError
 
     def int8_weight(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-        """``(qweight int8 (N, K), scale (N,))`` of the effective weight when int8 decoding is on,
+        """``(qweight int8 (N, K), scale (N,))`` of the effective weight when int8 inference is on,
         quantised once and kept until the weight changes; None when it is off."""
         if not self.use_int8:
             return None
@@ -266,7 +266,7 @@ class ConvTBCWeight(WeightNormed):
                       backend: Optional[str] = None) -> torch.Tensor:
         """GLU of the convolution over whole sequences ``x (B, T, C_in)`` with the int8 weight
         (:meth:`int8_weight`, on when the model is quantised): each step's window of k inputs
-        (zero padding as ``conv_glu``'s, padded steps zeroed) is one row of the int8 product, as
+        (zero padding as ``conv_glu``'s, the inputs of padded steps zeroed) is one row of the int8 product, as
         one decoding step's is. Returns ``(B, T, C)``; ``conv_glu`` without its residual and scale."""
         quantized = self.int8_weight()
         if quantized is None:

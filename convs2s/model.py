@@ -15,7 +15,8 @@ from .encoder import Encoder, EncoderOut
 from .layers import WeightNormed
 from .special_tokens import NUM_SPECIALS
 
-# quantize_decoder_int8's activations: int8 or 7-bit rows (linear_w8a8), or float32 (linear_int8)
+# quantize_decoder_int8's and quantize_encoder_int8's activations: int8 or 7-bit rows (linear_w8a8),
+# or float32 (linear_int8)
 INT8_ACTIVATIONS = ("int8", "int7", "float")
 
 
@@ -138,10 +139,12 @@ class ConvS2SModel(nn.Module):
         return self._quantize_int8(self.decoder, enabled, activations)
 
     def quantize_encoder_int8(self, enabled: bool = True, *, activations: str = "int8") -> "ConvS2SModel":
-        """The same for the encoder when it encodes without gradients (``encode`` under
-        ``torch.no_grad``, translating): its linear layers and convolutions (each step's window
-        of inputs one row of the int8 product, :meth:`ConvTBCWeight.int8_sequence`). Training
-        and anything with gradients keep float32."""
+        """The same for the encoder whenever it runs without gradients (``encode`` and the full
+        forward under ``torch.no_grad``: translating, scoring, validation): its linear layers and
+        convolutions (each step's window of inputs one row of the int8 product,
+        :meth:`ConvTBCWeight.int8_sequence`). Training and anything with gradients keep float32.
+        ``activations="float"`` is allowed but slow: past the few-row kernels' 64 rows,
+        ``linear_int8`` turns each weight back into float32 per call."""
         return self._quantize_int8(self.encoder, enabled, activations)
 
     def _quantize_int8(self, part: nn.Module, enabled: bool, activations: str) -> "ConvS2SModel":

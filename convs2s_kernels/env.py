@@ -180,7 +180,7 @@ def report() -> str:
         lines.append(f"cpp few-row kernels: {small_gemm_isa()}")
         isa = int8_kernel_isa()
         seven = ("; 7-bit activations (--int7): 3 instructions per 32 multiply-adds instead of 4 in the packed "
-                 "kernel (a decoder's packed weights), the reducing one as with 8 bits"
+                 "kernel (the packed int8 weights of a quantised decoder or encoder), the reducing one as with 8 bits"
                  if isa == "avx2" else "; 7-bit activations (--int7) are no faster here, only coarser")
         lines.append(f"cpp int8 x int8 kernels (linear_w8a8): {isa}" + (seven if isa != "baseline" else ""))
         lines.append(kernel_choice_line())

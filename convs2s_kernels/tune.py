@@ -207,7 +207,7 @@ def kernel_rows(timings: Dict[int, Tuple[float, float]], cap: int) -> List[bool]
 
 def stops_after_two_losses(shape: Shape) -> bool:
     """Whether measuring may stop once the kernel has lost at two buckets in a row: against a GEMM,
-    whose lead only grows with the rows, yes. Not for w8a8 against the reducing int8 kernel (no
+    whose lead only grows with the rows, yes. Not for w8a8 or w7a8 against the reducing int8 kernel (no
     exact library int8 GEMM): that one can lead at 1-2 rows and fall behind from a few more
     (3072 x 2048 on a Zen 3: the packed kernel lost at 1 and 2 rows and would have won 12-64 by
     1.3x; stopping there left every row count of the step's largest weights on the reducing kernel)."""

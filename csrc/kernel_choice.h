@@ -18,15 +18,15 @@ namespace convs2s {
 // The weight's layout: (N, K) as nn.Linear stores it, or (K, N) as the linearised conv weight;
 // w8a8: an int8 (N, K) weight times int8 activations (linear_w8a8); w7a8: the same weight times 7-bit
 // activations, measured apart (the AVX2 packed kernel runs 7 bits with a quarter fewer instructions,
-// the reducing kernel no faster: 0.65-0.85x of it at 5-24 rows of 2048 x 3072 on a Zen 3, where the
-// 8-bit choice called the two alike).
+// the reducing kernel no faster: on a Zen 3 at 5-24 rows of 2048 x 3072 the packed kernel took
+// 0.65-0.85x the reducing one's time with 7-bit rows, 0.83-1.03x with 8-bit ones).
 // kp: a (K, N) weight packed by pack_kn_weight (small_gemm_kn_packed) against ATen's GEMM on the weight
 enum class Form : int64_t { nk = 0, kn = 1, w8a8 = 2, kp = 3, w7a8 = 4 };
 
 constexpr int64_t kDefaultFewRows = 8;
 
-// True when `rows` rows against this weight should run on the few-row kernels (w8a8: the packed
-// int8 kernel, linear_w8a8_cpu.cpp).
+// True when `rows` rows against this weight should run on the few-row kernels (w8a8, w7a8: the
+// packed int8 kernel, linear_w8a8_cpu.cpp).
 bool use_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, int64_t rows);
 // The measured choice for `rows` rows against this weight (false past 1..kSmallGemmMaxRows), or
 // nothing where the shape was never measured.

@@ -77,7 +77,7 @@ bool linear_w8a8_library_exact();
 // packed blocks, 2 the library's int8 GEMM, 3 AMX), with activations of activation_bits (8 or 7:
 // the kernel choice's form w8a8 or w7a8).
 int64_t linear_w8a8_kernel(int64_t M, int64_t K, int64_t N, bool has_packed, int64_t activation_bits = 8);
-// What a measured choice (form w8a8) runs where the packed kernel lost: the library where its
+// What a measured choice (form w8a8 or w7a8) runs where the packed kernel lost: the library where its
 // sums are exact (2), else the reducing kernel (0).
 int64_t linear_w8a8_alternative();
 std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& z, const at::Tensor& y,

@@ -645,7 +645,8 @@ CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, 
 // process), and the kernels above run elsewhere.
 //
 // Which kernel runs is measured per weight shape where the caller passes the packed weight
-// (kernel_choice.h, form w8a8; convs2s_kernels.tune): the packed kernel (VNNI or AVX2) against
+// (kernel_choice.h, forms w8a8 and w7a8; convs2s_kernels.tune) at up to kSmallGemmMaxRows rows:
+// the packed kernel (VNNI or AVX2) against
 // the alternative, the library where its sums are exact, else the reducing kernel. On a Zen 4
 // (bench/results/amd-epyc-2c, fconv_wmt_en_fr's shapes, cold): the packed VNNI kernel beat the
 // library at every row count 1-64 (1.3-3.6x); capped at AVX2, the packed kernel beat the reducing
@@ -728,9 +729,13 @@ bool linear_w8a8_library_exact() { return library_sums_exact(); }
 int64_t linear_w8a8_alternative() { return library_sums_exact() ? kLibrary : kReducing; }
 
 int64_t linear_w8a8_kernel(int64_t M, int64_t K, int64_t N, bool has_packed, int64_t activation_bits) {
+  TORCH_CHECK(activation_bits == 8 || activation_bits == 7, "linear_w8a8_kernel: activation_bits must be 8 or 7, got ",
+              activation_bits);
   if (has_packed && M >= kAmxMinRows && kernel_has_amx_int8()) return kAmx;  // the weight's bytes are its only cost
   const Form form = activation_bits == 7 ? Form::w7a8 : Form::w8a8;
-  if (has_packed && kernel_isa() != Isa::base)
+  // measured at 1..kSmallGemmMaxRows rows; past them (an int8 encoder's B x S rows) the rules below,
+  // not the alternative: on AVX2 that is the reducing kernel, which loses to the packed one from 12 rows
+  if (has_packed && kernel_isa() != Isa::base && M <= kSmallGemmMaxRows)
     if (const auto packed_wins = measured_few_rows(form, at::kChar, K, N, M))
       return *packed_wins ? kPacked : linear_w8a8_alternative();
   if (M >= kLibraryMinRows && library_sums_exact()) return kLibrary;

@@ -123,7 +123,7 @@ def test_bad_options_fail_before_loading(tmp_path, capsys):
     assert "must be >= 0" in capsys.readouterr().err
 
 
-def test_translate_int8_equals_generate_with_int8_weights(fixture_dir, tmp_path):
+def test_translate_int8_equals_generate_with_int8_weights(fixture_dir, tmp_path, monkeypatch):
     lines = fixture_lines(fixture_dir)[:3]
     src, out_file = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n".join(lines) + "\n")
@@ -137,13 +137,23 @@ def test_translate_int8_equals_generate_with_int8_weights(fixture_dir, tmp_path)
         hyps = convs2s.generate(model, ids, beam=2, max_len_b=5, fold_attention=True)
         assert out_file.read_text().split("\n")[:-1] == [tgt_dict.string(h[0]["tokens"]) for h in hyps], flag
     # --int8-encoder: the encoder's weights alike (the int7 decoder above still on)
+    asked = []
+    quantize = convs2s.ConvS2SModel.quantize_encoder_int8
+
+    def spy(self, *args, **kwargs):
+        asked.append(kwargs)
+        return quantize(self, *args, **kwargs)
+
+    monkeypatch.setattr(convs2s.ConvS2SModel, "quantize_encoder_int8", spy)
     assert main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(src), "--output", str(out_file),
                  "--beam", "2", "--max-len-b", "5", "--int7", "--int8-encoder", "--fold-attention"]) == 0
+    assert asked == [{"activations": "int7"}]
     model.quantize_encoder_int8(activations="int7")
     hyps = convs2s.generate(model, ids, beam=2, max_len_b=5, fold_attention=True)
     assert out_file.read_text().split("\n")[:-1] == [tgt_dict.string(h[0]["tokens"]) for h in hyps]
 
 
-def test_int8_encoder_alone_is_refused(capsys):
-    with pytest.raises(SystemExit, match="--int8-encoder quantises the encoder alike: give it with --int8"):
-        main(["translate", "--fairseq-checkpoint", "never-read.pt", "--int8-encoder"])
+@pytest.mark.parametrize("others", [[], ["--int8-weights-only"]])
+def test_int8_encoder_without_int8_activations_is_refused(others):
+    with pytest.raises(SystemExit, match="--int8-encoder quantises the encoder alike: give it with --int8 or --int7"):
+        main(["translate", "--fairseq-checkpoint", "never-read.pt", "--int8-encoder", *others])

@@ -189,7 +189,7 @@ def test_the_w8a8_choice_picks_the_packed_kernel_or_its_alternative_per_row_coun
     K, N = 96, 80
     alternative = C.linear_w8a8_alternative()
     assert alternative == (2 if C.linear_w8a8_library_exact() else 0)
-    unmeasured = [C.linear_w8a8_kernel(m, K, N, True) for m in range(1, 65)]
+    unmeasured = [C.linear_w8a8_kernel(m, K, N, True) for m in range(1, 66)]
     if C.linear_w8a8_isa() == "avx512-vnni" and alternative == 0:
         assert unmeasured == [1] * 64, "VNNI: the packed kernel on a packed weight at every row count"
     measured = [m <= 5 or m == 20 for m in range(1, 65)]
@@ -199,9 +199,12 @@ def test_the_w8a8_choice_picks_the_packed_kernel_or_its_alternative_per_row_coun
         assert chosen[1:] == [3] * 63
     elif tune.w8a8_has_choice():
         assert chosen == [1 if on else alternative for on in measured]
-        assert C.linear_w8a8_kernel(65, K, N, True) == alternative, "past the measured rows: the alternative"
+        # past the measured rows (an int8 encoder's B x S rows): the rules, not the alternative
+        assert C.linear_w8a8_kernel(65, K, N, True) == unmeasured[64], "past the measured rows: the rules"
+        if C.linear_w8a8_isa() == "avx2" and alternative == 0:
+            assert unmeasured[64] == 1, "AVX2: the packed kernel from 12 rows where nothing was measured"
     else:  # the baseline: one kernel, nothing measured changes it
-        assert chosen == unmeasured
+        assert chosen == unmeasured[:64]
     assert [C.linear_w8a8_kernel(m, K, N, False) for m in range(1, 65)] == [
         C.linear_w8a8_kernel(m, K, N + 1, False) for m in range(1, 65)], "no packed weight: the choice does not apply"
     with pytest.raises(RuntimeError, match="w8a8.*int8"):
@@ -227,6 +230,8 @@ def test_7_bit_activations_take_their_own_measured_choice(fresh):
     assert seven == [1 if m >= 3 else alternative for m in range(1, 65)]
     with pytest.raises(RuntimeError, match="w7a8.*int8"):
         C.set_few_rows_choice(tune.FORMS["w7a8"], "float32", K, N, [True] * 64)
+    with pytest.raises(RuntimeError, match="activation_bits must be 8 or 7, got 6"):
+        C.linear_w8a8_kernel(4, K, N, True, 6)
     with pytest.raises(ValueError, match="form w7a8 multiplies int8 weights"):
         tune.Shape("w7a8", "float32", K, N)
     kernel, other = tune.candidates(tune.Shape("w7a8", "int8", K, N), rows=7)

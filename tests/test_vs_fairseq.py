@@ -93,8 +93,9 @@ def test_vs_fairseq_with_int8_times_five_more_systems(fixture_dir, stand_in, mon
     run = vs.run_convs2s
 
     def recording_run(model, *args):
-        parts = [[(m.use_int8, m.int8_activation_bits if m.use_int8 else None) for m in part.modules()
-                  if hasattr(m, "use_int8")]
+        # (int8 weights, the activations: None off, "float", or int8 / 7-bit rows)
+        parts = [[(m.use_int8, None if not m.use_int8 else m.int8_activation_bits if m.int8_activations else "float")
+                  for m in part.modules() if hasattr(m, "use_int8")]
                  for part in (model.decoder, model.encoder)]
         quantised.append(tuple(p[0] if len(set(p)) == 1 else "mixed" for p in parts))
         return run(model, *args)
@@ -107,8 +108,8 @@ def test_vs_fairseq_with_int8_times_five_more_systems(fixture_dir, stand_in, mon
     assert list(rows) == ["fairseq", "fairseq-cached", "convs2s", "convs2s-int8", "convs2s-int8w", "convs2s-int7",
                           "convs2s-int8e", "convs2s-int7e"]
     off = (False, None)
-    assert quantised == [(off, off), ((True, 8), off), ((True, 8), off), ((True, 7), off), ((True, 8), (True, 8)),
-                         ((True, 7), (True, 7))]
+    assert quantised == [(off, off), ((True, 8), off), ((True, "float"), off), ((True, 7), off),
+                         ((True, 8), (True, 8)), ((True, 7), (True, 7))]
     for system in ("convs2s-int8", "convs2s-int8w", "convs2s-int7", "convs2s-int8e", "convs2s-int7e"):
         a = rows[system]["agreement_with_fairseq"]
         assert a["sentences"] == len(read_ids(str(fixture_dir / "source.ids")))
