@@ -234,14 +234,15 @@ def measure(shape: Shape, buckets: Iterable[int] = ROW_BUCKETS) -> dict:
     return dict(timings={str(r): [round(t * 1e6, 2) for t in ts] for r, ts in timings.items()})
 
 
-def _timings(entry: dict) -> Dict[int, Tuple[float, float]]:
+def entry_timings(entry: dict) -> Dict[int, Tuple[float, float]]:
+    """A measured entry's timings as ``{rows: (kernel µs, GEMM µs)}`` (the cache stores strings and lists)."""
     return {int(r): (float(k), float(g)) for r, (k, g) in entry["timings"].items()}
 
 
 def apply(shape: Shape, entry: dict) -> None:
     C = native()
     C.set_few_rows_choice(FORMS[shape.form], shape.dtype, shape.K, shape.N,
-                          kernel_rows(_timings(entry), C.few_rows_max()))
+                          kernel_rows(entry_timings(entry), C.few_rows_max()))
     _applied[shape.name] = entry
 
 
@@ -327,8 +328,8 @@ def format_table(entries: Dict[str, dict]) -> str:
     cap = native().few_rows_max()
     lines = ["| shape | rows: kernel / GEMM (us) | rows on the few-row kernel |", "|---|---|---|"]
     for name, e in entries.items():
-        cells = " ".join(f"{r}: {k:.0f}/{g:.0f}" for r, (k, g) in sorted(_timings(e).items()))
-        lines.append(f"| {name} | {cells} | {_ranges(kernel_rows(_timings(e), cap))} |")
+        cells = " ".join(f"{r}: {k:.0f}/{g:.0f}" for r, (k, g) in sorted(entry_timings(e).items()))
+        lines.append(f"| {name} | {cells} | {_ranges(kernel_rows(entry_timings(e), cap))} |")
     return "\n".join(lines)
 
 

@@ -72,7 +72,7 @@ def test_w8a8_against_the_reducing_kernel_is_measured_at_every_bucket(monkeypatc
         assert measured == [1, 2]
     else:
         assert measured == [1, 2, 4, 8, 12]
-        assert tune.kernel_rows(tune._timings(entry), 12) == [False] * 3 + [True] * 9
+        assert tune.kernel_rows(tune.entry_timings(entry), 12) == [False] * 3 + [True] * 9
     assert tune.stops_after_two_losses(tune.Shape("nk", "float32", 24, 40))
 
 
