@@ -595,15 +595,14 @@ CONVS2S_AVX2 inline void avx2_packed7_tile(const Operands& g, const int8_t* buf,
   for (int64_t k4 = 0; k4 < K4; ++k4) {
     prefetch_share_step(share, K4, due, line);
     const int8_t* w = buf + k4 * kPackedCols * 4;
-    if constexpr (kSums) {  // the first row tile: ahead as above
+    if constexpr (kSums) {  // the first row tile: ahead as above, and the weight sums
       __builtin_prefetch(w + kStreamAheadBytes, 0, 3);
       __builtin_prefetch(w + kStreamAheadBytes + 64, 0, 3);
-    }
-    if constexpr (kSums)
       for (int v = 0; v < V; ++v) {
         const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * v));
         ws[v] += I32x8(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, wv), ones));
       }
+    }
     for (int m = 0; m < MT; ++m) {
       int32_t a4;
       std::memcpy(&a4, g.xu + (r + m) * g.Kp + 4 * k4, 4);

@@ -191,7 +191,7 @@ def test_the_w8a8_choice_picks_the_packed_kernel_or_its_alternative_per_row_coun
     assert alternative == (2 if C.linear_w8a8_library_exact() else 0)
     unmeasured = [C.linear_w8a8_kernel(m, K, N, True) for m in range(1, 66)]
     if C.linear_w8a8_isa() == "avx512-vnni" and alternative == 0:
-        assert unmeasured == [1] * 64, "VNNI: the packed kernel on a packed weight at every row count"
+        assert unmeasured == [1] * 65, "VNNI: the packed kernel on a packed weight at every row count"
     measured = [m <= 5 or m == 20 for m in range(1, 65)]
     C.set_few_rows_choice(2, "int8", K, N, measured)
     chosen = [C.linear_w8a8_kernel(m, K, N, True) for m in range(1, 65)]
