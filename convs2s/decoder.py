@@ -27,7 +27,7 @@ from .encoder import EncoderOut, check_tokens
 from .fused_step import fused_layers_step, fused_step_reason, step_linear
 from .layers import NO_DISPATCH, SQRT_HALF, Linear, apply_linear, conv_stack, embedding, make_positions, residual_input
 from .special_tokens import PAD
-from .step_shapes import step_weight_modules, step_weight_shapes
+from .step_shapes import fold_weight_shapes, step_weight_modules, step_weight_shapes
 
 
 class AttentionLayer(nn.Module):
@@ -54,12 +54,15 @@ class FoldedAttention:
     so a step costs ``S x C`` per row instead of the two ``E x C`` projections.
     """
 
-    def __init__(self, layer: "AttentionLayer", enc: EncoderOut):
+    def __init__(self, layer: "AttentionLayer", enc: EncoderOut, backend: Optional[str] = None):
         w_in, b_in = layer.in_projection.effective_weight(), layer.in_projection.bias  # (E, C), (E,)
         w_out = layer.out_projection.effective_weight()  # (C, E)
-        self.z_in = torch.matmul(enc.z, w_in)  # (B, S, C)
+        # B * S rows each through the dispatched linear: on the cpp backend, the GEMM measured
+        # fastest for these shapes (convs2s_kernels.tune; step_shapes.fold_weight_shapes). W_in^T
+        # goes as a view, which the cpp linear multiplies as the (K, N) matrix it is (no copy).
+        self.z_in = ck.linear(enc.z, w_in.t(), backend=backend)  # (B, S, C)
         self.z_bias = torch.matmul(enc.z, b_in)  # (B, S)
-        self.y_out = torch.matmul(enc.y, w_out.t())  # (B, S, C)
+        self.y_out = ck.linear(enc.y, w_out, backend=backend)  # (B, S, C)
         self.b_out = layer.out_projection.bias
 
     def index_select(self, index: torch.Tensor) -> None:
@@ -262,18 +265,20 @@ class Decoder(nn.Module):
             if isinstance(module, Linear) and not module.weight_normed:
                 move_to_huge_pages(module.weight)
 
-    def init_state(self, encoder_out: EncoderOut, beam: int = 1, fold_attention: bool = False) -> DecoderState:
+    def init_state(self, encoder_out: EncoderOut, beam: int = 1, fold_attention: bool = False,
+                   backend: Optional[str] = None) -> DecoderState:
         """A fresh state for ``B * beam`` rows (beams of a sentence adjacent).
 
         ``fold_attention`` precomputes each attention layer's projections of the encoder outputs
-        (:class:`FoldedAttention`): the same function up to rounding, fewer FLOPs per step.
+        (:class:`FoldedAttention`, its products on ``backend``): the same function up to rounding,
+        fewer FLOPs per step.
         """
         rows = encoder_out.z.shape[0] * beam
         ref = encoder_out.z
         if ref.device.type == "cpu" and not self.training:
             # which row counts run the few-row kernels, measured for this decoder's weights
             # (once per machine, then cached; convs2s_kernels.tune)
-            ensure_kernel_choice(step_weight_shapes(self))
+            ensure_kernel_choice(step_weight_shapes(self) + (fold_weight_shapes(self) if fold_attention else []))
             self._step_weights_on_huge_pages()
         states = [
             ref.new_zeros(rows, conv.kernel_width - 1, conv.in_channels) for conv in self.convolutions
@@ -281,7 +286,7 @@ class Decoder(nn.Module):
         folded = None
         if fold_attention:
             with torch.no_grad():
-                folded = [FoldedAttention(a, encoder_out) if a is not None else None for a in self.attention]
+                folded = [FoldedAttention(a, encoder_out, backend) if a is not None else None for a in self.attention]
         return DecoderState(encoder_out, beam, states, folded)
 
     def forward_step(self, tokens: torch.Tensor, state: DecoderState, need_attn: bool = True,

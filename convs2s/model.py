@@ -85,7 +85,7 @@ class ConvS2SModel(nn.Module):
         return self.encoder(src_tokens, backend=self.backend)
 
     def init_decoder_state(self, encoder_out: EncoderOut, beam: int = 1, fold_attention: bool = False) -> DecoderState:
-        return self.decoder.init_state(encoder_out, beam, fold_attention)
+        return self.decoder.init_state(encoder_out, beam, fold_attention, backend=self.backend)
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState, need_attn: bool = False):
         """``(logits (N, V), attn (N, S) or None)`` for one step; see :meth:`Decoder.forward_step`."""

@@ -7,6 +7,12 @@ and for int8 weights times int8 activations (form ``w8a8``), at which the packed
 where its sums are exact) or else the reducing int8 kernel; with 7-bit activations (form ``w7a8``)
 the same, timed apart (the AVX2 packed kernel runs 7 bits faster, the reducing one does not).
 
+"The GEMM" is itself a measured choice for float32 weights (``csrc/library_gemm.cpp``): ATen's
+(a BLAS: MKL in torch's x86 builds, what the reference composition calls) or oneDNN's matmul,
+timed against each other at ``LIBRARY_ROWS`` first; each row range takes the faster, and the
+few-row kernels are then timed against that one. (MKL runs its AVX2 code on AMD CPUs, where
+oneDNN's took a third of its time on a Zen 5; on other CPUs the BLAS may win.)
+
 Both candidates are timed side by side, in alternating blocks of calls, at row buckets 1..64, on weights as cold as a
 decoding step finds them: a step reads its whole weight set between two uses of one weight, so a
 shape carries that set's size (``stream_mb``) and each call takes the next of enough copies to
@@ -35,7 +41,6 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import tune_cache
@@ -43,6 +48,11 @@ from .extension import native, unavailable_reason
 
 ENV = "CONVS2S_TUNE"
 ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+# Row counts at which the two GEMM libraries are timed against each other (a sentence or two of a
+# decoding step's beams, a step's few dozen, an encoding's hundreds), and the row ranges each
+# decides (up to the geometric middle between neighbours; the last without end).
+LIBRARY_ROWS = (16, 64, 256)
+LIBRARY_RANGE_ENDS = (32, 128, -1)
 # (N, K) nn.Linear weights; (K, N) linearised conv weights; (N, K) int8 weights times int8 activations;
 # (K, N) conv and Linear weights packed for the decoding step (pack_conv_step_weight, pack_linear_weight);
 # form kp's GEMM side is timed on the (K, N) matrix (a Linear's fallback reads its (N, K) weight transposed)
@@ -127,16 +137,54 @@ def w8a8_has_choice() -> bool:
     return unavailable_reason() is None and native().linear_w8a8_isa() in ("avx512-vnni", "avx2")
 
 
-def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], object], Callable[[], object]]:
-    """``(few-row kernel, ATen GEMM)`` for ``rows`` rows of this shape, each a no-argument call
-    (w8a8 and w7a8: the packed int8 kernel on the packed weight, and its alternative: the library's int8
-    GEMM where its sums are exact, else the reducing kernel).
+def has_library_choice(shape: Shape) -> bool:
+    """Whether this shape's GEMM side has two libraries to choose from: float32 weights in a float
+    form, where this torch runs oneDNN's float32 matmul."""
+    return (shape.dtype == "float32" and shape.form in ("nk", "kn", "kp") and unavailable_reason() is None
+            and native().onednn_gemm_available())
+
+
+def _weight_pool(shape: Shape, x_rows: int, seed: int):
+    """``(x, pool, b)``: ``x_rows`` rows, and as many copies of the weight as fill ``stream_mb``."""
+    x, w, b = _operands(shape, x_rows, torch.Generator().manual_seed(seed))
+    copies = max(1, -(-(shape.stream_mb << 20) // shape.weight_bytes))
+    pool = [w] + [tuple(t.clone() for t in w) if isinstance(w, tuple) else w.clone() for _ in range(copies - 1)]
+    return x, pool, b
+
+
+def library_candidates(shape: Shape, rows: int, seed: int = 0, operands=None
+                       ) -> Tuple[Callable[[], object], Callable[[], object]]:
+    """``(ATen's GEMM, oneDNN's)`` for ``rows`` rows of a float32 shape, on cold copies of the
+    weight as :func:`candidates` (form kp: the (K, N) matrix, which the fallback multiplies).
+    ``operands``: ``_weight_pool``'s, made once for several row counts (its first ``rows`` rows)."""
+    C = native()
+    x, pool, b = operands or _weight_pool(shape, rows, seed)
+    x, take, nk = x[:rows], _cycle(pool), shape.form == "nk"
+    return (lambda: C.gemm_with(x, take(), b, nk, "blas"), lambda: C.gemm_with(x, take(), b, nk, "onednn"))
+
+
+def library_for(library: Optional[Dict[int, Tuple[float, float]]], rows: int) -> str:
+    """The GEMM library measured faster for ``rows`` rows (``library``: ``{rows: (blas, onednn)}``
+    at LIBRARY_ROWS), ``"blas"`` where nothing was measured."""
+    if not library:
+        return "blas"
+    for end, at in zip(LIBRARY_RANGE_ENDS, LIBRARY_ROWS):
+        if end == -1 or rows <= end:
+            blas, onednn = library[at]
+            return "onednn" if onednn < blas else "blas"
+    return "blas"
+
+
+def candidates(shape: Shape, rows: int, seed: int = 0, library: str = "blas"
+               ) -> Tuple[Callable[[], object], Callable[[], object]]:
+    """``(few-row kernel, GEMM)`` for ``rows`` rows of this shape, each a no-argument call (the GEMM
+    on ``library``: ``"blas"``, ATen's, or ``"onednn"``; w8a8 and w7a8: the packed int8 kernel on
+    the packed weight, and its alternative: the library's int8 GEMM where its sums are exact, else
+    the reducing kernel).
     With ``stream_mb``, each call (of either) multiplies the next of as many copies of the weight as
     fill it, so that every call reads a weight that the others pushed out of the caches, as in a step."""
     C = native()
-    x, w, b = _operands(shape, rows, torch.Generator().manual_seed(seed))
-    copies = max(1, -(-(shape.stream_mb << 20) // shape.weight_bytes))
-    pool = [w] + [tuple(t.clone() for t in w) if isinstance(w, tuple) else w.clone() for _ in range(copies - 1)]
+    x, pool, b = _weight_pool(shape, rows, seed)
     if shape.form in ACTIVATION_BITS:  # the packed layout the decoder hands the kernels, made once per weight
         from .ops.linear_w8a8.reference import pack_w8a8_weight
         pool = [(q, s, pack_w8a8_weight(q)) for q, s in pool]
@@ -160,11 +208,11 @@ def candidates(shape: Shape, rows: int, seed: int = 0) -> Tuple[Callable[[], obj
             return torch.addmm(b, x, (q.to(torch.float32) * s.unsqueeze(1)).t())
         return lambda: C.small_gemm_int8(x, *kernel_w(), b), dequantised_gemm
     if shape.form == "nk":
-        return lambda: C.small_gemm_nk(x, kernel_w(), b), lambda: F.linear(x, gemm_w(), b)
+        return lambda: C.small_gemm_nk(x, kernel_w(), b), lambda: C.gemm_with(x, gemm_w(), b, True, library)
     if shape.form == "kp":
         return (lambda: C.small_gemm_kn_packed(x, kernel_w()[1], shape.N, b),
-                lambda: torch.addmm(b, x, gemm_w()[0]))
-    return lambda: C.small_gemm_kn(x, kernel_w(), b), lambda: torch.addmm(b, x, gemm_w())
+                lambda: C.gemm_with(x, gemm_w()[0], b, False, library))
+    return lambda: C.small_gemm_kn(x, kernel_w(), b), lambda: C.gemm_with(x, gemm_w(), b, False, library)
 
 
 def time_pair(fns: Sequence[Callable[[], object]], rounds: int = 3, per_block: int = 4,
@@ -214,24 +262,45 @@ def stops_after_two_losses(shape: Shape) -> bool:
     return not (shape.form in ACTIVATION_BITS and not native().linear_w8a8_library_exact())
 
 
+def measure_library(shape: Shape, rows_list: Iterable[int] = LIBRARY_ROWS) -> Dict[int, Tuple[float, float]]:
+    """``{rows: (ATen's GEMM, oneDNN's) seconds}`` at each row count, in two short rounds (where
+    one library wins, it wins by 1.3-3x: Zen 5, fconv_wmt_en_fr's shapes); a margin under 10% is
+    timed again with the full rounds (one noisy sample must not decide)."""
+    rows_list = list(rows_list)
+    operands = _weight_pool(shape, max(rows_list), 0)  # one pool of cold copies for every row count
+    out: Dict[int, Tuple[float, float]] = {}
+    for rows in rows_list:
+        fns = library_candidates(shape, rows, operands=operands)
+        out[rows] = tuple(time_pair(fns, rounds=2, per_block=2, budget_s=0.2))
+        if abs(out[rows][0] - out[rows][1]) < 0.1 * max(out[rows]):
+            out[rows] = tuple(time_pair(fns, rounds=5, budget_s=1.0))
+    return out
+
+
 def measure(shape: Shape, buckets: Iterable[int] = ROW_BUCKETS) -> dict:
-    """Time both candidates at every bucket (up to the kernels' row cap), until the kernel has lost
+    """Time the GEMM libraries against each other where :func:`has_library_choice` (entry
+    ``library``: microseconds, ATen's then oneDNN's, at LIBRARY_ROWS), then the few-row kernel
+    against the faster GEMM at every bucket (up to the kernels' row cap), until the kernel has lost
     at two buckets in a row where :func:`stops_after_two_losses`; a loss is timed again with more
-    rounds before it counts (one noisy sample must not decide). The entry holds the timings
-    (microseconds, kernel then GEMM)."""
+    rounds before it counts (one noisy sample must not decide). The entry's ``timings`` hold
+    microseconds, kernel then GEMM."""
     cap = native().few_rows_max()
     stops = stops_after_two_losses(shape)
+    library = measure_library(shape) if has_library_choice(shape) else None
     timings: Dict[int, Tuple[float, float]] = {}
     losses = 0
     for rows in (r for r in buckets if r <= cap):
-        fns = candidates(shape, rows)
+        fns = candidates(shape, rows, library=library_for(library, rows))
         timings[rows] = tuple(time_pair(fns))
         if timings[rows][0] > timings[rows][1]:
             timings[rows] = tuple(time_pair(fns, rounds=5, budget_s=1.0))
         losses = losses + 1 if timings[rows][0] > timings[rows][1] else 0
         if losses == 2 and stops:
             break
-    return dict(timings={str(r): [round(t * 1e6, 2) for t in ts] for r, ts in timings.items()})
+    entry = dict(timings={str(r): [round(t * 1e6, 2) for t in ts] for r, ts in timings.items()})
+    if library is not None:
+        entry["library"] = {str(r): [round(t * 1e6, 2) for t in ts] for r, ts in library.items()}
+    return entry
 
 
 def entry_timings(entry: dict) -> Dict[int, Tuple[float, float]]:
@@ -239,10 +308,20 @@ def entry_timings(entry: dict) -> Dict[int, Tuple[float, float]]:
     return {int(r): (float(k), float(g)) for r, (k, g) in entry["timings"].items()}
 
 
+def entry_library(entry: dict) -> Optional[Dict[int, Tuple[float, float]]]:
+    """A measured entry's GEMM library timings as ``{rows: (ATen µs, oneDNN µs)}``, or None."""
+    lib = entry.get("library")
+    return None if lib is None else {int(r): (float(b), float(d)) for r, (b, d) in lib.items()}
+
+
 def apply(shape: Shape, entry: dict) -> None:
     C = native()
     C.set_few_rows_choice(FORMS[shape.form], shape.dtype, shape.K, shape.N,
                           kernel_rows(entry_timings(entry), C.few_rows_max()))
+    library = entry_library(entry)
+    if library is not None and sorted(library) == list(LIBRARY_ROWS):
+        C.set_gemm_library_choice(FORMS[shape.form], shape.dtype, shape.K, shape.N, list(LIBRARY_RANGE_ENDS),
+                                  [library_for(library, at) == "onednn" for at in LIBRARY_ROWS])
     _applied[shape.name] = entry
 
 
@@ -326,10 +405,14 @@ def _ranges(flags: Sequence[bool]) -> str:
 
 def format_table(entries: Dict[str, dict]) -> str:
     cap = native().few_rows_max()
-    lines = ["| shape | rows: kernel / GEMM (us) | rows on the few-row kernel |", "|---|---|---|"]
+    lines = ["| shape | rows: kernel / GEMM (us) | rows on the few-row kernel | rows: ATen / oneDNN GEMM (us) |",
+             "|---|---|---|---|"]
     for name, e in entries.items():
         cells = " ".join(f"{r}: {k:.0f}/{g:.0f}" for r, (k, g) in sorted(entry_timings(e).items()))
-        lines.append(f"| {name} | {cells} | {_ranges(kernel_rows(entry_timings(e), cap))} |")
+        library = entry_library(e)
+        libs = "-" if library is None else " ".join(
+            f"{r}: {b:.0f}/{d:.0f} ({'oneDNN' if d < b else 'ATen'})" for r, (b, d) in sorted(library.items()))
+        lines.append(f"| {name} | {cells} | {_ranges(kernel_rows(entry_timings(e), cap))} | {libs} |")
     return "\n".join(lines)
 
 
@@ -361,7 +444,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tune_cache.save(cached)
         forget()
     entries = ensure(shapes, measure_missing=True)
-    print(f"few-row kernels ({native().small_gemm_isa()}, {torch.get_num_threads()} threads) against ATen's GEMM; "
+    print(f"few-row kernels ({native().small_gemm_isa()}, {torch.get_num_threads()} threads) against the GEMM "
+          f"(ATen's or oneDNN's, whichever was faster); "
           f"cache: {tune_cache.cache_path()}")
     print(format_table(entries))
     return 0

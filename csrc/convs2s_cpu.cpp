@@ -4,6 +4,7 @@
 #include "common.h"
 #include "kernels.h"
 #include "kernel_choice.h"
+#include "library_gemm.h"
 #include "small_gemm.h"
 #include "huge_pages.h"
 
@@ -12,7 +13,7 @@
 namespace convs2s {
 
 // y = x @ weight.T + bias for x (M, K) and weight (N, K), float32 or bf16: a decoding step's Linear,
-// on the few-row kernel up to the rows measured for this shape (kernel_choice.h), else ATen's GEMM;
+// on the few-row kernel up to the rows measured for this shape (kernel_choice.h), else the measured library's GEMM;
 // with `packed` (pack_kn_weight(weight.T)), the packed kernel at the rows measured for form kp.
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                         const c10::optional<at::Tensor>& packed) {
@@ -23,6 +24,9 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const c10
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "x (M, K), weight (N, K)");
   TORCH_CHECK(x.size(0) >= 1, "small_linear takes at least one row");
   if (packed.has_value()) return measured_packed_product(x, weight.t(), *packed, bias);  // pack_kn_weight(weight.t())
+  // a transposed view of a (K, N) matrix (the attention fold's W_in^T): the (K, N) product, no copy
+  if (!weight.is_contiguous() && weight.t().is_contiguous())
+    return measured_product(x, weight.t(), bias, /*w_is_nk=*/false);
   return measured_product(x, weight, bias, /*w_is_nk=*/true);
 }
 
@@ -65,7 +69,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "1: (K, N), 3: (K, N) packed by pack_kn_weight); the others run ATen's GEMM (form 2: int8 (N, K) times int8 activations on a packed weight, the packed int8 kernel against "
         "linear_w8a8_alternative())",
         py::arg("form"), py::arg("dtype"), py::arg("K"), py::arg("N"), py::arg("kernel_rows"));
-  m.def("clear_few_rows_choices", &convs2s::clear_few_rows_choices, "forget every measured choice");
+  m.def("clear_few_rows_choices", &convs2s::clear_few_rows_choices, "forget every measured choice (both kinds)");
+  m.def("set_gemm_library_choice",
+        [](int64_t form, const std::string& dtype, int64_t K, int64_t N, const std::vector<int64_t>& max_rows,
+           const std::vector<bool>& onednn) {
+          convs2s::set_gemm_library_choice(form, convs2s::weight_dtype(dtype), K, N, max_rows, onednn);
+        },
+        "which library's GEMM takes this float32 weight shape's rows where the few-row kernels do not: row ranges "
+        "up to max_rows[i] (the last -1, no end), oneDNN where onednn[i], else ATen's BLAS",
+        py::arg("form"), py::arg("dtype"), py::arg("K"), py::arg("N"), py::arg("max_rows"), py::arg("onednn"));
+  m.def("gemm_library_choices", &convs2s::gemm_library_choices,
+        "(form, dtype, K, N, max_rows, onednn) of every shape with a measured GEMM library");
+  m.def("onednn_gemm_available", &convs2s::onednn_gemm_available,
+        "whether torch's oneDNN matmul (mkldnn::_linear_pointwise) runs float32 here");
+  m.def("gemm_with",
+        [](const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool w_is_nk,
+           const std::string& library) {
+          TORCH_CHECK(library == "blas" || library == "onednn", "library must be 'blas' or 'onednn', got ", library);
+          return convs2s::gemm_with(x, w, bias, w_is_nk,
+                                    library == "blas" ? convs2s::GemmLibrary::blas : convs2s::GemmLibrary::onednn);
+        },
+        "x @ w (+ bias) on the named library's GEMM, w (N, K) if w_is_nk else (K, N) (for measuring)", py::arg("x"),
+        py::arg("w"), py::arg("bias"), py::arg("w_is_nk"), py::arg("library"));
   m.def("few_rows_choices", &convs2s::few_rows_choices, "(form, dtype, K, N, kernel_rows) of every measured shape");
   m.def("few_rows_max", [] { return convs2s::kSmallGemmMaxRows; }, "the most rows the few-row kernels take");
   m.def("few_rows_default", [] { return convs2s::kDefaultFewRows; }, "the limit of a shape never measured");

@@ -40,4 +40,14 @@ void clear_few_rows_choices();
 // (form, dtype name, K, N, kernel_rows) for every measured shape.
 std::vector<std::tuple<int64_t, std::string, int64_t, int64_t, std::vector<bool>>> few_rows_choices();
 
+// Which library's GEMM takes the rows the few-row kernels do not (library_gemm.h), measured per
+// float32 weight shape at a few row counts: row ranges, each up to max_rows[i] (-1: no end, the
+// last), and whether oneDNN took it (else ATen's BLAS). A shape never measured: ATen's.
+void set_gemm_library_choice(int64_t form, at::ScalarType weight_dtype, int64_t K, int64_t N,
+                             const std::vector<int64_t>& max_rows, const std::vector<bool>& onednn);
+bool use_onednn_gemm(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, int64_t rows);
+// (form, dtype name, K, N, max_rows, onednn) for every shape with a library choice.
+std::vector<std::tuple<int64_t, std::string, int64_t, int64_t, std::vector<int64_t>, std::vector<bool>>>
+gemm_library_choices();
+
 }  // namespace convs2s

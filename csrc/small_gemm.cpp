@@ -16,6 +16,7 @@
 #include "row_tiles.h"
 #include "isa.h"
 #include "kernel_choice.h"
+#include "library_gemm.h"
 #include "vec.h"
 
 #include <ATen/Parallel.h>
@@ -631,8 +632,7 @@ at::Tensor measured_product(const at::Tensor& x, const at::Tensor& w, const c10:
   const int64_t K = x.size(1), N = w_is_nk ? w.size(0) : w.size(1);
   if (kernel_dtype && use_few_rows(w_is_nk ? Form::nk : Form::kn, w.scalar_type(), K, N, x.size(0)))
     return small_gemm(x, w.contiguous(), bias, w_is_nk);  // stream the weight once, not pack it for a GEMM
-  if (w_is_nk) return at::linear(x, w, bias);
-  return bias.has_value() ? at::addmm(*bias, x, w) : at::mm(x, w);
+  return library_gemm(x, w, bias, w_is_nk ? Form::nk : Form::kn, w_is_nk);
 }
 
 at::Tensor measured_packed_product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& packed,
@@ -643,7 +643,7 @@ at::Tensor measured_packed_product(const at::Tensor& x, const at::Tensor& w, con
   const bool kernel_dtype = (dtype == at::kFloat || dtype == at::kBFloat16) && dtype == packed.scalar_type();
   if (kernel_dtype && use_few_rows(Form::kp, dtype, x.size(1), w.size(1), x.size(0)))
     return small_gemm_packed(x, packed, w.size(1), bias);
-  return bias.has_value() ? at::addmm(*bias, x, w) : at::mm(x, w);
+  return library_gemm(x, w, bias, Form::kp, /*w_is_nk=*/false);
 }
 
 void check_int8_linear_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale) {

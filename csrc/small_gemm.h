@@ -39,13 +39,13 @@ at::Tensor small_gemm_packed(const at::Tensor& x, const at::Tensor& packed, int6
 // x's dtype (bf16 results rounded once from the float32 accumulators, as a bf16 GEMM would).
 at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool w_is_nk);
 // The same product (w (N, K) if w_is_nk else (K, N)), on small_gemm at the row counts the kernel
-// choice gives the few-row kernels for this weight shape and dtype (kernel_choice.h), on ATen's
-// GEMM at the others and for any other dtype.
+// choice gives the few-row kernels for this weight shape and dtype (kernel_choice.h), on the GEMM
+// of the library measured faster at the others (library_gemm.h; ATen's for any other dtype).
 at::Tensor measured_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                             bool w_is_nk);
 // x @ w (+ bias) for a (K, N) weight w and its packed layout (pack_kn_weight): small_gemm_packed at
-// the row counts the kernel choice gives the packed kernel for this shape (form kp), ATen's GEMM
-// on w at the others and for any other dtype.
+// the row counts the kernel choice gives the packed kernel for this shape (form kp), the measured
+// library's GEMM on w at the others (ATen's for any other dtype).
 at::Tensor measured_packed_product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& packed,
                                    const c10::optional<at::Tensor>& bias);
 // x (M, K) float32 @ (qweight (N, K) int8 * scale (N,) per row)^T + bias: weight-only int8 for

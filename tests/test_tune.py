@@ -16,7 +16,7 @@ from convs2s_kernels.extension import native
 from harness import require_or_skip
 
 from convs2s.model import build_model
-from convs2s.step_shapes import encoder_weight_shapes, step_weight_shapes
+from convs2s.step_shapes import encoder_weight_shapes, fold_weight_shapes, step_weight_shapes
 
 
 @pytest.fixture
@@ -49,6 +49,44 @@ def test_measure_times_both_candidates_until_the_kernel_loses(fresh):
     measured = list(entry["timings"])
     assert measured in (["1", "2"], ["1", "2", "4"])  # it stops only after two losses in a row
     assert all(len(v) == 2 and min(v) > 0 for v in entry["timings"].values())
+    if native().onednn_gemm_available():  # and the GEMM libraries against each other, first
+        assert sorted(entry["library"], key=int) == [str(r) for r in tune.LIBRARY_ROWS]
+        assert all(len(v) == 2 and min(v) > 0 for v in entry["library"].values())
+
+
+def test_the_library_rule_gives_each_row_range_its_faster_gemm():
+    timings = {16: (1.0, 2.0), 64: (2.0, 1.0), 256: (3.0, 1.0)}  # (ATen, oneDNN)
+    assert [tune.library_for(timings, r) for r in (1, 32, 33, 128, 129, 5000)] == [
+        "blas", "blas", "onednn", "onednn", "onednn", "onednn"]
+    assert tune.library_for(None, 300) == "blas"
+
+
+def test_the_few_row_kernels_are_timed_against_the_faster_gemm_library(fresh, monkeypatch):
+    """A float32 shape: the two GEMM libraries first, then each bucket's kernel against the
+    library its row range took; the entry keeps both timings and hands the extension both choices."""
+    shape = tune.Shape("nk", "float32", 24, 40)
+    if not tune.has_library_choice(shape):  # a torch without oneDNN's float32 matmul: ATen's alone
+        assert "library" not in tune.measure(shape, buckets=(1,))
+        return
+    seen = []
+    monkeypatch.setattr(tune, "measure_library", lambda s: {16: (1.0, 2.0), 64: (2.0, 1.0), 256: (3.0, 1.0)})
+    monkeypatch.setattr(tune, "candidates", lambda s, rows, library="blas": seen.append((rows, library)) or rows)
+    monkeypatch.setattr(tune, "time_pair", lambda rows, **kw: (1.0, 2.0) if rows <= 48 else (2.0, 1.0))
+    entry = tune.measure(shape)
+    assert seen == [(r, "blas" if r <= 32 else "onednn") for r in tune.ROW_BUCKETS]
+    assert entry["library"] == {"16": [1e6, 2e6], "64": [2e6, 1e6], "256": [3e6, 1e6]}
+    tune.apply(shape, entry)
+    assert native().gemm_library_choices() == [(0, "float32", 24, 40, [32, 128, -1], [False, True, True])]
+    kernel = [r for r, on in enumerate(native().few_rows_choices()[0][4], 1) if on]
+    assert kernel == list(range(1, 49))
+
+
+def test_measure_library_times_both_gemms_on_a_real_shape(fresh):
+    shape = tune.Shape("kn", "float32", 40, 24)
+    if not tune.has_library_choice(shape):
+        return
+    timings = tune.measure_library(shape, rows_list=(16, 64))
+    assert sorted(timings) == [16, 64] and all(len(t) == 2 and min(t) > 0 for t in timings.values())
 
 
 @pytest.mark.parametrize("library_exact", [False, True])
@@ -64,7 +102,7 @@ def test_w8a8_against_the_reducing_kernel_is_measured_at_every_bucket(monkeypatc
             return library_exact
 
     monkeypatch.setattr(tune, "native", lambda: FakeExtension())
-    monkeypatch.setattr(tune, "candidates", lambda shape, rows: rows)  # time_pair gets the row count
+    monkeypatch.setattr(tune, "candidates", lambda shape, rows, library="blas": rows)  # time_pair gets the row count
     monkeypatch.setattr(tune, "time_pair", lambda rows, **kw: (2.0, 1.0) if rows <= 2 else (1.0, 2.0))
     entry = tune.measure(tune.Shape("w8a8", "int8", 3072, 2048), buckets=(1, 2, 4, 8, 12))
     measured = [int(r) for r in entry["timings"]]
@@ -280,6 +318,14 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     with torch.no_grad():
         model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2)
     assert asked == [int8]
+    # folding attention: each layer's fold products too, in float whatever the step's weights (E = 256,
+    # C = 256 in every layer of this architecture: keys x W_in as (K, N), values x W_out^T as (N, K))
+    folds = [s.name for s in fold_weight_shapes(model.decoder)]
+    fold_bytes = 4 * 2 * 256 * 256 * sum(a is not None for a in model.decoder.attention)
+    assert folds == [f"kn:float32:256x256@{tune.stream_mb(fold_bytes)}MB", f"nk:float32:256x256@{tune.stream_mb(fold_bytes)}MB"]
+    with torch.no_grad():
+        model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2, fold_attention=True)
+    assert asked[-1] == int8 + folds
 
 
 def test_the_encoder_asks_for_its_weight_shapes_only_when_translating(fresh, monkeypatch):

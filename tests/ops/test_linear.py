@@ -163,3 +163,78 @@ def test_kernels_isa_caps_the_few_row_kernels(cap, expected):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() in expected
+
+
+def _gemm_op_that_ran(fn) -> str:
+    """Which GEMM library a call reached: the profiler sees torch's oneDNN op by name."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    names = {e.name for e in prof.events()}
+    return "onednn" if "mkldnn::_linear_pointwise" in names else "blas"
+
+
+@pytest.mark.parametrize("w_is_nk", [True, False], ids=["nk", "kn"])
+@pytest.mark.parametrize("library", ["blas", "onednn"])
+@torch.no_grad()
+def test_gemm_with_either_library_matches_the_float64_product(library, w_is_nk):
+    """The two GEMMs the cpp backend chooses between past its few-row kernels, on strided rows, with
+    and without bias: each equals the float64 product to float32 rounding (K = 301 sums)."""
+    require_or_skip("cpp")
+    native = ck.extension.native()
+    if library == "onednn" and not native.onednn_gemm_available():
+        with pytest.raises(RuntimeError, match="no oneDNN matmul"):
+            native.gemm_with(torch.randn(3, 4), torch.randn(5, 4), None, True, "onednn")
+        return
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(97, 2 * 301, generator=g)[:, ::2]  # strided rows
+    w = torch.randn(83, 301, generator=g) / 17
+    b = torch.randn(83, generator=g)
+    want = x.double() @ w.double().t()
+    weight = w if w_is_nk else w.t().contiguous()
+    for bias in (b, None):
+        out = native.gemm_with(x, weight, bias, w_is_nk, library)
+        torch.testing.assert_close(out.double(), want + (b.double() if bias is not None else 0), atol=2e-5, rtol=1e-5)
+    assert _gemm_op_that_ran(lambda: native.gemm_with(x, weight, b, w_is_nk, library)) == library
+    with pytest.raises(RuntimeError, match="library must be 'blas' or 'onednn'"):
+        native.gemm_with(x, weight, b, w_is_nk, "mkl")
+
+
+@torch.no_grad()
+def test_cpp_linear_past_its_kernels_runs_the_library_measured_for_its_shape_and_rows():
+    """The measured GEMM library choice (convs2s_kernels.tune) per row range: rows in a range
+    given to oneDNN reach oneDNN's op, the others ATen's GEMM; another shape is untouched; a
+    transposed view of a (K, N) matrix is taken as that matrix (form kn, measured apart)."""
+    import convs2s_kernels.tune as tune
+
+    require_or_skip("cpp")
+    native = ck.extension.native()
+    K, N = 72, 56
+    w, b = torch.randn(N, K) / 9, torch.randn(N)
+    tune.forget()
+    try:
+        native.set_few_rows_choice(0, "float32", K, N, [False] * native.few_rows_max())  # no few-row kernel
+        native.set_gemm_library_choice(0, "float32", K, N, [32, -1], [False, True])
+        assert native.gemm_library_choices() == [(0, "float32", K, N, [32, -1], [False, True])]
+        want_many = "onednn" if native.onednn_gemm_available() else "blas"
+        for rows, want in [(20, "blas"), (32, "blas"), (33, want_many), (300, want_many)]:
+            x = torch.randn(rows, K)
+            assert _gemm_op_that_ran(lambda: ck.linear(x, w, b, backend="cpp")) == want, rows
+            torch.testing.assert_close(ck.linear(x, w, b, backend="cpp"), torch.nn.functional.linear(x, w, b),
+                                       atol=2e-5, rtol=1e-4)
+        x = torch.randn(100, K)
+        assert _gemm_op_that_ran(lambda: ck.linear(x, w[:-1], b[:-1], backend="cpp")) == "blas"  # unmeasured
+        w_kn = torch.randn(K, N) / 9  # a (K, N) matrix as the weight's transposed view: form kn
+        native.set_gemm_library_choice(1, "float32", K, N, [-1], [True])
+        assert _gemm_op_that_ran(lambda: ck.linear(x, w_kn.t(), b, backend="cpp")) == want_many
+        for rows in (3, 100):  # the few-row (K, N) kernel, then the GEMM
+            xr = torch.randn(rows, K)
+            torch.testing.assert_close(ck.linear(xr, w_kn.t(), b, backend="cpp"), xr @ w_kn + b, atol=2e-5, rtol=1e-4)
+        with pytest.raises(RuntimeError, match="increasing row counts"):
+            native.set_gemm_library_choice(0, "float32", K, N, [32, 16, -1], [True, True, True])
+        with pytest.raises(RuntimeError, match="float32 weights only"):
+            native.set_gemm_library_choice(0, "bfloat16", K, N, [-1], [True])
+        with pytest.raises(RuntimeError, match="forms 0"):
+            native.set_gemm_library_choice(2, "float32", K, N, [-1], [True])
+    finally:
+        tune.forget()
+    assert native.gemm_library_choices() == []

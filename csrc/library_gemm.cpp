@@ -1,0 +1,83 @@
+// The float32 GEMM behind the few-row kernels: where they do not take a product (many rows, a
+// shape they lost on), it runs on ATen's GEMM (a BLAS: MKL in torch's x86 builds) or on oneDNN's
+// matmul through torch's own op (mkldnn::_linear_pointwise, which torch's CPU compiler emits),
+// whichever was measured faster for that weight shape and row count (kernel_choice.h,
+// convs2s_kernels.tune). Both, because neither wins everywhere by design: MKL runs its AVX2 code
+// on AMD CPUs, and on a Zen 5 (2 threads) oneDNN took 0.30-0.37x MKL's time for fconv_wmt_en_fr's
+// encoder and attention-fold products at 24-250 rows, 0.44-0.72x with both capped at AVX2.
+// oneDNN's sums come in another order than MKL's: equal to float32 rounding, not bit for bit.
+
+#include "library_gemm.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <optional>
+
+namespace convs2s {
+
+namespace {
+
+const std::optional<c10::OperatorHandle>& onednn_linear_op() {
+  static const std::optional<c10::OperatorHandle> op =
+      c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  return op;
+}
+
+at::Tensor blas_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool w_is_nk) {
+  if (w_is_nk) return at::linear(x, w, bias);
+  return bias.has_value() ? at::addmm(*bias, x, w) : at::mm(x, w);
+}
+
+// x @ w_nk^T + bias by oneDNN, the weight as it lies (a transposed view too): oneDNN reorders it
+// for its kernel on every call, which cost 10-30% against a weight reordered once (Zen 5, 2048 x
+// 3072, 24-120 rows) and still beat MKL by 2.5-3x there.
+at::Tensor onednn_gemm(const at::Tensor& x, const at::Tensor& w_nk, const c10::optional<at::Tensor>& bias) {
+  torch::jit::Stack stack;
+  stack.reserve(6);
+  stack.emplace_back(x.contiguous());
+  stack.emplace_back(w_nk);
+  stack.emplace_back(bias.has_value() ? c10::IValue(bias->contiguous()) : c10::IValue());
+  stack.emplace_back(std::string("none"));
+  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+  stack.emplace_back(c10::IValue());
+  onednn_linear_op()->callBoxed(&stack);
+  return std::move(stack[0]).toTensor();
+}
+
+}  // namespace
+
+bool onednn_gemm_available() {
+  static const bool available = [] {
+    if (!onednn_linear_op().has_value()) return false;
+    try {  // registered is not enough: a build without oneDNN's CPU kernels throws on use
+      const at::Tensor y = onednn_gemm(at::ones({2, 3}), at::ones({4, 3}), at::ones({4}));
+      return y.size(0) == 2 && y.size(1) == 4 && y.allclose(at::full({2, 4}, 4.f));
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return available;
+}
+
+at::Tensor gemm_with(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool w_is_nk,
+                     GemmLibrary library) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "gemm_with: x (M, K) and a 2-D weight");
+  if (library == GemmLibrary::blas) return blas_gemm(x, w, bias, w_is_nk);
+  TORCH_CHECK(onednn_gemm_available(), "gemm_with: this torch build has no oneDNN matmul (mkldnn::_linear_pointwise)");
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+                  (!bias.has_value() || bias->scalar_type() == at::kFloat),
+              "gemm_with: oneDNN is measured for float32 CPU tensors only");
+  return onednn_gemm(x, w_is_nk ? w : w.t(), bias);
+}
+
+at::Tensor library_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, Form form,
+                        bool w_is_nk) {
+  const int64_t K = x.size(1), N = w_is_nk ? w.size(0) : w.size(1);
+  const bool float32 = x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+                       (!bias.has_value() || bias->scalar_type() == at::kFloat) && x.device().is_cpu();
+  if (float32 && x.size(0) >= 1 && use_onednn_gemm(form, at::kFloat, K, N, x.size(0)) && onednn_gemm_available())
+    return onednn_gemm(x, w_is_nk ? w : w.t(), bias);
+  return blas_gemm(x, w, bias, w_is_nk);
+}
+
+}  // namespace convs2s
