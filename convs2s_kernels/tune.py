@@ -1,7 +1,7 @@
 """Kernel choice by measurement: for each weight shape a decoding step multiplies, at which row
 counts the few-row streaming kernels (``csrc/small_gemm.cpp``; for the decoder's convolutions,
 and for the Linear weights of the one-call step, form ``kp``, the kernel on the weight packed by
-``pack_conv_step_weight`` / ``pack_linear_weight``) beat ATen's GEMM (MKL / oneDNN),
+``pack_conv_step_weight`` / ``pack_linear_weight``) beat the GEMM (ATen's or oneDNN's, below),
 and for int8 weights times int8 activations (form ``w8a8``), at which the packed int8 kernel
 (``csrc/linear_w8a8_cpu.cpp``, on the packed weight) beats the library's int8 GEMM (``_int_mm``,
 where its sums are exact) or else the reducing int8 kernel; with 7-bit activations (form ``w7a8``)

@@ -1,7 +1,8 @@
 """``conv_step`` on the cpp backend (``csrc/conv_step_cpu.cpp``): gather by parent row, shift,
 append and the conv + GLU step in one pass; fp32/bf16 rows run a few-row kernel that streams the
-weight once at the row counts where it was measured faster than ATen's GEMM for that weight
-(``convs2s_kernels.tune``), the GEMM at the others. Inference only."""
+weight once at the row counts where it was measured faster than the GEMM for that weight
+(``convs2s_kernels.tune``), the GEMM at the others (ATen's or oneDNN's, whichever was measured
+faster: ``csrc/library_gemm.cpp``). Inference only."""
 
 from __future__ import annotations
 

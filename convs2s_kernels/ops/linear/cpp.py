@@ -1,7 +1,9 @@
 """``linear`` on the cpp backend (``csrc/small_gemm.cpp``): fp32 or bf16 rows against a large
-weight. At the row counts where the few-row kernel was measured faster than ATen's GEMM for this
+weight. At the row counts where the few-row kernel was measured faster than the GEMM for this
 weight shape (:mod:`convs2s_kernels.tune`) it streams the weight once, from registers; at the
-others the extension calls the GEMM the reference calls. Inference only."""
+others the extension calls the GEMM the reference calls, or oneDNN's where that was measured
+faster (``csrc/library_gemm.cpp``). A weight that is the transposed view of a (K, N) matrix is
+multiplied as that matrix (no copy). Inference only."""
 
 from __future__ import annotations
 
