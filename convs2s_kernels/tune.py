@@ -8,10 +8,14 @@ where its sums are exact) or else the reducing int8 kernel; with 7-bit activatio
 the same, timed apart (the AVX2 packed kernel runs 7 bits faster, the reducing one does not).
 
 "The GEMM" is itself a measured choice for float32 weights (``csrc/library_gemm.cpp``): ATen's
-(a BLAS: MKL in torch's x86 builds, what the reference composition calls) or oneDNN's matmul,
-timed against each other at ``LIBRARY_ROWS`` first; each row range takes the faster, and the
-few-row kernels are then timed against that one. (MKL runs its AVX2 code on AMD CPUs, where
-oneDNN's took a third of its time on a Zen 5; on other CPUs the BLAS may win.)
+(a BLAS: MKL in torch's x86 builds, what the reference composition calls) or oneDNN's inner product,
+timed against each other at ``LIBRARY_ROWS`` first; each row range takes the faster. The few-row
+kernels are then timed against that one, and where it is oneDNN's, against ATen's too: a bucket's
+GEMM is the faster of the two there, so a row count never runs a GEMM or kernel measured slower
+than the reference's GEMM at its bucket. (MKL runs its AVX2 code on AMD CPUs, where oneDNN's took a
+third of its time on a Zen 5; on other CPUs the BLAS may win.) Shapes alike in form, dtype, K and N
+share one choice in the extension: within a process the first one measured or read holds (an
+encoder's fc1 and an attention fold's product of its size see the same B x S rows).
 
 Both candidates are timed side by side, in alternating blocks of calls, at row buckets 1..64, on weights as cold as a
 decoding step finds them: a step reads its whole weight set between two uses of one weight, so a
@@ -61,6 +65,7 @@ FORMS = {"nk": 0, "kn": 1, "w8a8": 2, "kp": 3, "w7a8": 4}
 ACTIVATION_BITS = {"w8a8": 8, "w7a8": 7}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 _applied: Dict[str, dict] = {}  # shape name -> entry handed to the extension in this process
+_applied_keys: Dict[Tuple[str, str, int, int], str] = {}  # the extension's key -> the shape name in force for it
 _unmeasured: set = set()  # shapes looked up and left at the default (measuring off), under _applied_key
 _applied_key: Optional[dict] = None  # the machine key (threads, caps included) the choices above hold for
 
@@ -139,9 +144,9 @@ def w8a8_has_choice() -> bool:
 
 def has_library_choice(shape: Shape) -> bool:
     """Whether this shape's GEMM side has two libraries to choose from: float32 weights in a float
-    form, where this torch runs oneDNN's float32 matmul."""
+    form, where this torch runs oneDNN's float32 inner product (and ``torch.backends.mkldnn`` is on)."""
     return (shape.dtype == "float32" and shape.form in ("nk", "kn", "kp") and unavailable_reason() is None
-            and native().onednn_gemm_available())
+            and torch.backends.mkldnn.enabled and native().onednn_gemm_available())
 
 
 def _weight_pool(shape: Shape, x_rows: int, seed: int):
@@ -175,12 +180,12 @@ def library_for(library: Optional[Dict[int, Tuple[float, float]]], rows: int) ->
     return "blas"
 
 
-def candidates(shape: Shape, rows: int, seed: int = 0, library: str = "blas"
-               ) -> Tuple[Callable[[], object], Callable[[], object]]:
-    """``(few-row kernel, GEMM)`` for ``rows`` rows of this shape, each a no-argument call (the GEMM
-    on ``library``: ``"blas"``, ATen's, or ``"onednn"``; w8a8 and w7a8: the packed int8 kernel on
-    the packed weight, and its alternative: the library's int8 GEMM where its sums are exact, else
-    the reducing kernel).
+def candidates(shape: Shape, rows: int, seed: int = 0, libraries: Sequence[str] = ("blas",)
+               ) -> Tuple[Callable[[], object], ...]:
+    """``(few-row kernel, GEMM, ...)`` for ``rows`` rows of this shape, each a no-argument call (a
+    GEMM per name in ``libraries``: ``"blas"``, ATen's, or ``"onednn"``; w8a8 and w7a8: the packed
+    int8 kernel on the packed weight, and its alternative: the library's int8 GEMM where its sums
+    are exact, else the reducing kernel).
     With ``stream_mb``, each call (of either) multiplies the next of as many copies of the weight as
     fill it, so that every call reads a weight that the others pushed out of the caches, as in a step."""
     C = native()
@@ -207,12 +212,18 @@ def candidates(shape: Shape, rows: int, seed: int = 0, library: str = "blas"
             q, s = gemm_w()
             return torch.addmm(b, x, (q.to(torch.float32) * s.unsqueeze(1)).t())
         return lambda: C.small_gemm_int8(x, *kernel_w(), b), dequantised_gemm
-    if shape.form == "nk":
-        return lambda: C.small_gemm_nk(x, kernel_w(), b), lambda: C.gemm_with(x, gemm_w(), b, True, library)
-    if shape.form == "kp":
-        return (lambda: C.small_gemm_kn_packed(x, kernel_w()[1], shape.N, b),
-                lambda: C.gemm_with(x, gemm_w()[0], b, False, library))
-    return lambda: C.small_gemm_kn(x, kernel_w(), b), lambda: C.gemm_with(x, gemm_w(), b, False, library)
+    nk = shape.form == "nk"
+    matrix = (lambda: gemm_w()[0]) if shape.form == "kp" else gemm_w  # kp: the (K, N) matrix beside its packing
+
+    def gemm(library: str) -> Callable[[], object]:
+        return lambda: C.gemm_with(x, matrix(), b, nk, library)
+    if nk:
+        kernel = lambda: C.small_gemm_nk(x, kernel_w(), b)  # noqa: E731
+    elif shape.form == "kp":
+        kernel = lambda: C.small_gemm_kn_packed(x, kernel_w()[1], shape.N, b)  # noqa: E731
+    else:
+        kernel = lambda: C.small_gemm_kn(x, kernel_w(), b)  # noqa: E731
+    return (kernel, *(gemm(lib) for lib in libraries))
 
 
 def time_pair(fns: Sequence[Callable[[], object]], rounds: int = 3, per_block: int = 4,
@@ -288,18 +299,24 @@ def measure(shape: Shape, buckets: Iterable[int] = ROW_BUCKETS) -> dict:
     stops = stops_after_two_losses(shape)
     library = measure_library(shape) if has_library_choice(shape) else None
     timings: Dict[int, Tuple[float, float]] = {}
+    gemm_at: Dict[int, str] = {}  # each bucket's GEMM library
     losses = 0
     for rows in (r for r in buckets if r <= cap):
-        fns = candidates(shape, rows, library=library_for(library, rows))
-        timings[rows] = tuple(time_pair(fns))
-        if timings[rows][0] > timings[rows][1]:
-            timings[rows] = tuple(time_pair(fns, rounds=5, budget_s=1.0))
+        # oneDNN's range: ATen's too, so that the bucket's GEMM is never slower than the reference's
+        libs = ("onednn", "blas") if library_for(library, rows) == "onednn" else ("blas",)
+        fns = candidates(shape, rows, libraries=libs)
+        t = time_pair(fns)
+        if t[0] > min(t[1:]):
+            t = time_pair(fns, rounds=5, budget_s=1.0)
+        best = min(range(len(libs)), key=lambda i: t[1 + i])
+        timings[rows], gemm_at[rows] = (t[0], t[1 + best]), libs[best]
         losses = losses + 1 if timings[rows][0] > timings[rows][1] else 0
         if losses == 2 and stops:
             break
     entry = dict(timings={str(r): [round(t * 1e6, 2) for t in ts] for r, ts in timings.items()})
     if library is not None:
         entry["library"] = {str(r): [round(t * 1e6, 2) for t in ts] for r, ts in library.items()}
+        entry["gemm_at"] = {str(r): lib for r, lib in gemm_at.items()}
     return entry
 
 
@@ -314,15 +331,41 @@ def entry_library(entry: dict) -> Optional[Dict[int, Tuple[float, float]]]:
     return None if lib is None else {int(r): (float(b), float(d)) for r, (b, d) in lib.items()}
 
 
+def library_ranges(entry: dict) -> Tuple[List[int], List[bool]]:
+    """``(max_rows, onednn)`` row ranges for the extension (the last ``max_rows`` -1: no end): each
+    row count where the libraries were compared (the few-row buckets' GEMMs, then LIBRARY_ROWS
+    past them) decides up to the geometric middle between it and the next. Without a library
+    entry: ATen's for every row count."""
+    library = entry_library(entry)
+    if library is None or sorted(library) != list(LIBRARY_ROWS):
+        return [-1], [False]
+    decided = {at: library_for(library, at) == "onednn" for at in LIBRARY_ROWS}
+    decided.update({int(r): lib == "onednn" for r, lib in entry.get("gemm_at", {}).items()})
+    points = sorted(decided)
+    ends = [int((a * b) ** 0.5) for a, b in zip(points, points[1:])] + [-1]
+    max_rows, onednn = [], []
+    for end, at in zip(ends, points):  # adjacent ranges alike merge
+        if onednn and onednn[-1] == decided[at]:
+            max_rows[-1] = end
+        else:
+            max_rows.append(end)
+            onednn.append(decided[at])
+    return max_rows, onednn
+
+
+def _key(shape: Shape) -> Tuple[str, str, int, int]:
+    """What the extension keys a choice by: shapes alike in it share one."""
+    return shape.form, shape.dtype, shape.K, shape.N
+
+
 def apply(shape: Shape, entry: dict) -> None:
     C = native()
     C.set_few_rows_choice(FORMS[shape.form], shape.dtype, shape.K, shape.N,
                           kernel_rows(entry_timings(entry), C.few_rows_max()))
-    library = entry_library(entry)
-    if library is not None and sorted(library) == list(LIBRARY_ROWS):
-        C.set_gemm_library_choice(FORMS[shape.form], shape.dtype, shape.K, shape.N, list(LIBRARY_RANGE_ENDS),
-                                  [library_for(library, at) == "onednn" for at in LIBRARY_ROWS])
+    if shape.dtype == "float32" and shape.form in ("nk", "kn", "kp"):  # an entry without one: ATen's throughout
+        C.set_gemm_library_choice(FORMS[shape.form], shape.dtype, shape.K, shape.N, *library_ranges(entry))
     _applied[shape.name] = entry
+    _applied_keys[_key(shape)] = shape.name
 
 
 def parse_shape(name: str) -> Shape:
@@ -353,18 +396,21 @@ def ensure(shapes: Iterable[Shape], *, measure_missing: Optional[bool] = None) -
     if unavailable_reason() is not None:
         return {}
     global _applied_key
+    # Shapes alike in (form, dtype, K, N) share the extension's one choice: the first measured or read holds.
     shapes = list(dict.fromkeys(shapes))
     key = tune_cache.machine_key()
     if key != _applied_key:  # another thread count (or cap): the choices in force do not hold
         forget()
         _applied_key = key
     measuring = tuning_enabled() if measure_missing is None else measure_missing
-    missing = [s for s in shapes if s.name not in _applied and (measuring or s.name not in _unmeasured)]
+    missing = [s for s in shapes if _key(s) not in _applied_keys and (measuring or s.name not in _unmeasured)]
     if not missing:
-        return {s.name: _applied[s.name] for s in shapes if s.name in _applied}
+        return _in_force(shapes)
     cached = tune_cache.load(key)
     todo = []
     for s in missing:
+        if _key(s) in _applied_keys:  # an earlier shape of the list, alike in the extension's key
+            continue
         if s.name in cached:
             apply(s, cached[s.name])
         else:
@@ -374,6 +420,8 @@ def ensure(shapes: Iterable[Shape], *, measure_missing: Optional[bool] = None) -
     elif todo:
         for s in tqdm(todo, desc="measuring few-row kernels vs GEMM (once per machine)", unit="shape",
                       disable=not sys.stderr.isatty(), leave=False):
+            if _key(s) in _applied_keys:
+                continue
             cached[s.name] = measure(s)
             apply(s, cached[s.name])
         try:
@@ -381,13 +429,19 @@ def ensure(shapes: Iterable[Shape], *, measure_missing: Optional[bool] = None) -
         except OSError as exc:  # a read-only home: the choice still holds for this process
             warnings.warn(f"could not save the kernel choice to {tune_cache.cache_path(key)} ({exc}); "
                           f"it will be measured again next time (set {tune_cache.DIR_ENV} to a writable folder)")
-    return {s.name: _applied[s.name] for s in shapes if s.name in _applied}
+    return _in_force(shapes)
+
+
+def _in_force(shapes: Sequence[Shape]) -> Dict[str, dict]:
+    """Each shape's entry in force: its own, or that of the shape alike in the extension's key."""
+    return {s.name: _applied[_applied_keys[_key(s)]] for s in shapes if _key(s) in _applied_keys}
 
 
 def forget() -> None:
     """Drop the limits handed to the extension in this process (the defaults apply again)."""
     native().clear_few_rows_choices()
     _applied.clear()
+    _applied_keys.clear()
     _unmeasured.clear()
 
 

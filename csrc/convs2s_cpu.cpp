@@ -81,7 +81,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_library_choices", &convs2s::gemm_library_choices,
         "(form, dtype, K, N, max_rows, onednn) of every shape with a measured GEMM library");
   m.def("onednn_gemm_available", &convs2s::onednn_gemm_available,
-        "whether torch's oneDNN matmul (mkldnn::_linear_pointwise) runs float32 here");
+        "whether torch's oneDNN inner product (mkldnn::_linear_pointwise) runs float32 here");
   m.def("gemm_with",
         [](const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool w_is_nk,
            const std::string& library) {

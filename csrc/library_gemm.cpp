@@ -1,14 +1,17 @@
 // The float32 GEMM behind the few-row kernels: where they do not take a product (many rows, a
 // shape they lost on), it runs on ATen's GEMM (a BLAS: MKL in torch's x86 builds) or on oneDNN's
-// matmul through torch's own op (mkldnn::_linear_pointwise, which torch's CPU compiler emits),
+// inner product through torch's own op (mkldnn::_linear_pointwise, which torch's CPU compiler emits),
 // whichever was measured faster for that weight shape and row count (kernel_choice.h,
 // convs2s_kernels.tune). Both, because neither wins everywhere by design: MKL runs its AVX2 code
 // on AMD CPUs, and on a Zen 5 (2 threads) oneDNN took 0.30-0.37x MKL's time for fconv_wmt_en_fr's
 // encoder and attention-fold products at 24-250 rows, 0.44-0.72x with both capped at AVX2.
-// oneDNN's sums come in another order than MKL's: equal to float32 rounding, not bit for bit.
+// oneDNN's sums come in another order than MKL's: equal to float32 rounding, not bit for bit (and
+// once choices are in force, conv_glu's forward in training takes them too). torch's switch
+// (torch.backends.mkldnn.enabled = False) turns the oneDNN side off.
 
 #include "library_gemm.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <optional>
@@ -17,9 +20,20 @@ namespace convs2s {
 
 namespace {
 
+// The op, where its schema is the one called below: (Tensor X, Tensor W, Tensor? B, str attr,
+// Scalar?[] scalars, str? algorithm) -> Tensor (a torch that changed it goes without oneDNN here).
 const std::optional<c10::OperatorHandle>& onednn_linear_op() {
-  static const std::optional<c10::OperatorHandle> op =
-      c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  static const std::optional<c10::OperatorHandle> op = []() -> std::optional<c10::OperatorHandle> {
+    auto found = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+    if (!found.has_value()) return std::nullopt;
+    const auto& schema = found->schema();
+    const auto& args = schema.arguments();
+    const char* names[] = {"X", "W", "B", "attr", "scalars", "algorithm"};
+    if (args.size() != 6 || schema.returns().size() != 1) return std::nullopt;
+    for (size_t i = 0; i < args.size(); ++i)
+      if (args[i].name() != names[i]) return std::nullopt;
+    return found;
+  }();
   return op;
 }
 
@@ -50,8 +64,9 @@ bool onednn_gemm_available() {
   static const bool available = [] {
     if (!onednn_linear_op().has_value()) return false;
     try {  // registered is not enough: a build without oneDNN's CPU kernels throws on use
-      const at::Tensor y = onednn_gemm(at::ones({2, 3}), at::ones({4, 3}), at::ones({4}));
-      return y.size(0) == 2 && y.size(1) == 4 && y.allclose(at::full({2, 4}, 4.f));
+      const auto f32 = at::TensorOptions().dtype(at::kFloat);
+      const at::Tensor y = onednn_gemm(at::ones({2, 3}, f32), at::ones({4, 3}, f32), at::ones({4}, f32));
+      return y.size(0) == 2 && y.size(1) == 4 && y.allclose(at::full({2, 4}, 4.f, f32));
     } catch (const std::exception&) {
       return false;
     }
@@ -63,7 +78,7 @@ at::Tensor gemm_with(const at::Tensor& x, const at::Tensor& w, const c10::option
                      GemmLibrary library) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "gemm_with: x (M, K) and a 2-D weight");
   if (library == GemmLibrary::blas) return blas_gemm(x, w, bias, w_is_nk);
-  TORCH_CHECK(onednn_gemm_available(), "gemm_with: this torch build has no oneDNN matmul (mkldnn::_linear_pointwise)");
+  TORCH_CHECK(onednn_gemm_available(), "gemm_with: this torch build has no oneDNN inner product (mkldnn::_linear_pointwise)");
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
                   (!bias.has_value() || bias->scalar_type() == at::kFloat),
               "gemm_with: oneDNN is measured for float32 CPU tensors only");
@@ -75,7 +90,8 @@ at::Tensor library_gemm(const at::Tensor& x, const at::Tensor& w, const c10::opt
   const int64_t K = x.size(1), N = w_is_nk ? w.size(0) : w.size(1);
   const bool float32 = x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
                        (!bias.has_value() || bias->scalar_type() == at::kFloat) && x.device().is_cpu();
-  if (float32 && x.size(0) >= 1 && use_onednn_gemm(form, at::kFloat, K, N, x.size(0)) && onednn_gemm_available())
+  if (float32 && x.size(0) >= 1 && use_onednn_gemm(form, at::kFloat, K, N, x.size(0)) &&
+      at::globalContext().userEnabledMkldnn() && onednn_gemm_available())
     return onednn_gemm(x, w_is_nk ? w : w.t(), bias);
   return blas_gemm(x, w, bias, w_is_nk);
 }

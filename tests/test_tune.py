@@ -70,21 +70,33 @@ def test_the_few_row_kernels_are_timed_against_the_faster_gemm_library(fresh, mo
         return
     seen = []
     monkeypatch.setattr(tune, "measure_library", lambda s: {16: (1.0, 2.0), 64: (2.0, 1.0), 256: (3.0, 1.0)})
-    monkeypatch.setattr(tune, "candidates", lambda s, rows, library="blas": seen.append((rows, library)) or rows)
-    monkeypatch.setattr(tune, "time_pair", lambda rows, **kw: (1.0, 2.0) if rows <= 48 else (2.0, 1.0))
+    monkeypatch.setattr(tune, "candidates", lambda s, rows, libraries=("blas",): seen.append((rows, libraries)) or
+                        (rows, libraries))
+
+    def fake_time_pair(call, **kw):  # the kernel wins to 48 rows; oneDNN 1.5, ATen 1.8 (1.2 at 64 rows)
+        rows, libraries = call
+        gemm = {"onednn": 1.5, "blas": 1.2 if rows == 64 else 1.8}
+        return [1.0 if rows <= 48 else 2.0] + [gemm[lib] for lib in libraries]
+    monkeypatch.setattr(tune, "time_pair", fake_time_pair)
     entry = tune.measure(shape)
-    assert seen == [(r, "blas" if r <= 32 else "onednn") for r in tune.ROW_BUCKETS]
+    # oneDNN's range (past 32 rows) is timed against ATen's too: the faster is each bucket's GEMM
+    assert seen == [(r, ("blas",) if r <= 32 else ("onednn", "blas")) for r in tune.ROW_BUCKETS]
     assert entry["library"] == {"16": [1e6, 2e6], "64": [2e6, 1e6], "256": [3e6, 1e6]}
+    assert entry["gemm_at"]["48"] == "onednn" and entry["gemm_at"]["64"] == "blas"
+    assert entry["timings"]["64"] == [2e6, 1.2e6]
     tune.apply(shape, entry)
-    assert native().gemm_library_choices() == [(0, "float32", 24, 40, [32, 128, -1], [False, True, True])]
+    # each compared row count decides to the geometric middle of it and the next: 32 to 39, 48 to 55,
+    # 64 (ATen's at its bucket) to 128, 256 (oneDNN) beyond
+    assert native().gemm_library_choices() == [(0, "float32", 24, 40, [39, 55, 128, -1], [False, True, False, True])]
     kernel = [r for r, on in enumerate(native().few_rows_choices()[0][4], 1) if on]
     assert kernel == list(range(1, 49))
+    assert tune.library_ranges({"timings": {}}) == ([-1], [False])  # no library measured: ATen's throughout
 
 
 def test_measure_library_times_both_gemms_on_a_real_shape(fresh):
     shape = tune.Shape("kn", "float32", 40, 24)
     if not tune.has_library_choice(shape):
-        return
+        pytest.skip("this torch has no oneDNN float32 inner product: ATen's GEMM is the only one")
     timings = tune.measure_library(shape, rows_list=(16, 64))
     assert sorted(timings) == [16, 64] and all(len(t) == 2 and min(t) > 0 for t in timings.values())
 
@@ -102,7 +114,7 @@ def test_w8a8_against_the_reducing_kernel_is_measured_at_every_bucket(monkeypatc
             return library_exact
 
     monkeypatch.setattr(tune, "native", lambda: FakeExtension())
-    monkeypatch.setattr(tune, "candidates", lambda shape, rows, library="blas": rows)  # time_pair gets the row count
+    monkeypatch.setattr(tune, "candidates", lambda shape, rows, libraries=("blas",): rows)  # time_pair gets the row count
     monkeypatch.setattr(tune, "time_pair", lambda rows, **kw: (2.0, 1.0) if rows <= 2 else (1.0, 2.0))
     entry = tune.measure(tune.Shape("w8a8", "int8", 3072, 2048), buckets=(1, 2, 4, 8, 12))
     measured = [int(r) for r in entry["timings"]]
@@ -149,6 +161,17 @@ def test_ensure_measures_what_is_missing_once_then_reads_the_cache(fresh, monkey
     tune.forget()  # as a new process would start
     tune.ensure(shapes, measure_missing=True)
     assert len(calls) == 2  # nothing measured again: the cache held both
+
+
+def test_shapes_alike_in_the_extensions_key_share_one_measurement(fresh, monkeypatch):
+    """The extension keys a choice by form, dtype, K and N: an encoder's fc1 and a fold product of
+    its size (other stream sizes) are measured once, and the first holds for both."""
+    calls = []
+    monkeypatch.setattr(tune, "measure", _fake_measure(calls))
+    a, b = tune.Shape("nk", "float32", 24, 40, stream_mb=1), tune.Shape("nk", "float32", 24, 40, stream_mb=2)
+    entries = tune.ensure([a, b], measure_missing=True)
+    assert calls == [a.name] and entries[a.name] is entries[b.name]
+    assert tune.ensure([b], measure_missing=True)[b.name] is entries[a.name] and calls == [a.name]
 
 
 @pytest.mark.parametrize("content,why", [("{not json", "unreadable"), ('{"key": {}, "entries": {}}', "another machine")])
@@ -391,3 +414,27 @@ def test_saving_merges_what_another_process_wrote(fresh):
     tune_cache.save({"a": {"timings": {}}})
     tune_cache.save({"b": {"timings": {}}})  # a second writer that never read "a"
     assert set(tune_cache.load()) == {"a", "b"}
+
+
+@torch.no_grad()
+def test_the_attention_fold_runs_the_library_chosen_for_its_shapes(fresh):
+    """Folding attention multiplies through the dispatched linear at the keys fold_weight_shapes
+    names: with oneDNN chosen there (and no few-row kernel), the profiler sees oneDNN's op twice per
+    layer, and the folded products equal the plain ones to float32 rounding."""
+    from convs2s.decoder import FoldedAttention
+
+    C = native()
+    model = build_model("fconv_iwslt_de_en", 50, 60).eval()
+    enc = model.encode(torch.tensor([[5, 6, 7, 8, 2], [1, 9, 10, 11, 2]]))
+    layers = [a for a in model.decoder.attention if a is not None]
+    for shape in fold_weight_shapes(model.decoder):
+        C.set_few_rows_choice(tune.FORMS[shape.form], shape.dtype, shape.K, shape.N, [False] * C.few_rows_max())
+        C.set_gemm_library_choice(tune.FORMS[shape.form], shape.dtype, shape.K, shape.N, [-1], [True])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        folded = [FoldedAttention(a, enc) for a in layers]
+    calls = sum(e.name == "mkldnn::_linear_pointwise" for e in prof.events())
+    assert calls == (2 * len(layers) if C.onednn_gemm_available() else 0)
+    for a, f in zip(layers, folded):
+        w_in, w_out = a.in_projection.effective_weight(), a.out_projection.effective_weight()
+        torch.testing.assert_close(f.z_in, torch.matmul(enc.z, w_in), atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(f.y_out, torch.matmul(enc.y, w_out.t()), atol=2e-5, rtol=1e-4)

@@ -182,7 +182,7 @@ def test_gemm_with_either_library_matches_the_float64_product(library, w_is_nk):
     require_or_skip("cpp")
     native = ck.extension.native()
     if library == "onednn" and not native.onednn_gemm_available():
-        with pytest.raises(RuntimeError, match="no oneDNN matmul"):
+        with pytest.raises(RuntimeError, match="no oneDNN inner product"):
             native.gemm_with(torch.randn(3, 4), torch.randn(5, 4), None, True, "onednn")
         return
     g = torch.Generator().manual_seed(7)
@@ -222,6 +222,11 @@ def test_cpp_linear_past_its_kernels_runs_the_library_measured_for_its_shape_and
             torch.testing.assert_close(ck.linear(x, w, b, backend="cpp"), torch.nn.functional.linear(x, w, b),
                                        atol=2e-5, rtol=1e-4)
         x = torch.randn(100, K)
+        torch.backends.mkldnn.enabled = False  # torch's switch turns the oneDNN side off
+        try:
+            assert _gemm_op_that_ran(lambda: ck.linear(x, w, b, backend="cpp")) == "blas"
+        finally:
+            torch.backends.mkldnn.enabled = True
         assert _gemm_op_that_ran(lambda: ck.linear(x, w[:-1], b[:-1], backend="cpp")) == "blas"  # unmeasured
         w_kn = torch.randn(K, N) / 9  # a (K, N) matrix as the weight's transposed view: form kn
         native.set_gemm_library_choice(1, "float32", K, N, [-1], [True])
