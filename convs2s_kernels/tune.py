@@ -186,7 +186,7 @@ def candidates(shape: Shape, rows: int, seed: int = 0, libraries: Sequence[str] 
     GEMM per name in ``libraries``: ``"blas"``, ATen's, or ``"onednn"``; w8a8 and w7a8: the packed
     int8 kernel on the packed weight, and its alternative: the library's int8 GEMM where its sums
     are exact, else the reducing kernel).
-    With ``stream_mb``, each call (of either) multiplies the next of as many copies of the weight as
+    With ``stream_mb``, each call (of any) multiplies the next of as many copies of the weight as
     fill it, so that every call reads a weight that the others pushed out of the caches, as in a step."""
     C = native()
     x, pool, b = _weight_pool(shape, rows, seed)
@@ -195,7 +195,7 @@ def candidates(shape: Shape, rows: int, seed: int = 0, libraries: Sequence[str] 
         pool = [(q, s, pack_w8a8_weight(q)) for q, s in pool]
     if shape.form == "kp":  # the conv weight and the packed copy the decoding step reads
         pool = [(w, C.pack_kn_weight(w)) for w in pool]
-    # one cycle for both: the GEMM must not read the copy the kernel has just brought into cache
+    # one cycle for all: a GEMM must not read the copy the kernel has just brought into cache
     kernel_w = gemm_w = _cycle(pool)
     if shape.form in ACTIVATION_BITS:
         bits = ACTIVATION_BITS[shape.form]
@@ -217,13 +217,10 @@ def candidates(shape: Shape, rows: int, seed: int = 0, libraries: Sequence[str] 
 
     def gemm(library: str) -> Callable[[], object]:
         return lambda: C.gemm_with(x, matrix(), b, nk, library)
-    if nk:
-        kernel = lambda: C.small_gemm_nk(x, kernel_w(), b)  # noqa: E731
-    elif shape.form == "kp":
-        kernel = lambda: C.small_gemm_kn_packed(x, kernel_w()[1], shape.N, b)  # noqa: E731
-    else:
-        kernel = lambda: C.small_gemm_kn(x, kernel_w(), b)  # noqa: E731
-    return (kernel, *(gemm(lib) for lib in libraries))
+    kernels = {"nk": lambda: C.small_gemm_nk(x, kernel_w(), b),
+               "kn": lambda: C.small_gemm_kn(x, kernel_w(), b),
+               "kp": lambda: C.small_gemm_kn_packed(x, kernel_w()[1], shape.N, b)}
+    return (kernels[shape.form], *(gemm(lib) for lib in libraries))
 
 
 def time_pair(fns: Sequence[Callable[[], object]], rounds: int = 3, per_block: int = 4,
