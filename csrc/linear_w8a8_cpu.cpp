@@ -11,8 +11,9 @@
 //
 // vpdpbusd and vpmaddubsw multiply unsigned by signed bytes:
 // * VNNI: activations are stored as xq + 128 (unsigned) and the excess, 128 * sum_k w[n, k],
-//   is subtracted at the end; the weight sums come from the same pass (one more vpdpbusd per
-//   weight vector, in the first row tile of each column tile only).
+//   is subtracted at the end; the weight sums come from the packed weight (made once per weight),
+//   or for the reducing kernel from the same pass (one more vpdpbusd per weight vector, in the
+//   first row tile of each column tile only).
 // * AVX2: |xq| times w with x's sign moved onto w (vpsignb), so each pair of products is at most
 //   2 * 127 * 127 < 2^15 and vpmaddubsw's int16 saturation never triggers. Weights are in
 //   [-127, 127] as quantize_int8 writes them (-(-128) would wrap; the Python op refuses -128).
@@ -20,12 +21,12 @@
 // * With 7-bit activations (activation_bits 7: xq in [-63, 63], an option for AVX2 CPUs without
 //   VNNI), the AVX2 packed kernel stores them as xq + 64 (unsigned, <= 127), so that each pair of
 //   products is at most 2 * 127 * 127 < 2^15 without vpsignb, and subtracts 64 * sum_k w[n, k] at
-//   the end (the weight sums from its first row tile): 3 instructions per 32 multiply-adds, not 4.
+//   the end (the weight sums from the packed weight): 3 instructions per 32 multiply-adds, not 4.
 //   The padding past K is 64 in that copy and 0 in the weight, so it adds nothing.
 //
 // The caller may pass the weight packed once (pack_w8a8_weight: 64-column blocks, 4 k per column
-// side by side), the layout the block kernels and AMX's B tiles read; without it the VNNI block
-// kernel packs each block per call, and AMX is not used.
+// side by side, then the block's column sums), the layout the block kernels and AMX's B tiles read;
+// without it the VNNI block kernel packs each block per call, and AMX is not used.
 
 #include "common.h"
 #include "isa.h"
@@ -291,7 +292,7 @@ CONVS2S_VNNI void w8a8_vnni(const Operands& g, int64_t rows, int64_t n0, int64_t
 // ---- AVX-512 VNNI, many rows: each column block packed once so that no sum needs reducing ----
 // With many rows the products are compute-bound and the horizontal sums of the kernel above cost
 // as much as the dot products when K is short (fc3's 512). Here a block of 64 weight rows is
-// rearranged to [16 ceil(K/64)][64][4] bytes (pack_w8a8_weight's layout, or per call; one vector:
+// rearranged to [16 ceil(K/64)][64][4] bytes and its column sums (pack_w8a8_weight's layout, or per call; one vector:
 // 4 consecutive k of 16 outputs), then each activation's 4 bytes are broadcast against it: every
 // vpdpbusd adds into 16 distinct outputs.
 
@@ -299,7 +300,14 @@ constexpr int64_t kPackedCols = 64;
 // k in groups of 4, padded to whole 64-byte tiles (16 groups: one AMX tile of B, one 64-byte row of
 // activations); the layout's size in its second dimension.
 constexpr int64_t packed_k4(int64_t K) { return (K + 63) / 64 * 16; }
-constexpr int64_t kPackedBlockBytes(int64_t K4) { return K4 * kPackedCols * 4; }
+// A block: its K4 groups, then one more holding the block's 64 column sums sum_k w[n, k] (int32,
+// in column order). The kernels that take unsigned activations subtract 128 or 64 times them; made
+// once per weight, they no longer cost a pass's first row tile one more multiply per weight vector
+// (a sixth of the AVX2 7-bit arithmetic at 5 rows) nor four registers.
+constexpr int64_t kPackedBlockBytes(int64_t K4) { return (K4 + 1) * kPackedCols * 4; }
+inline const int32_t* block_column_sums(const int8_t* buf, int64_t K4) {
+  return reinterpret_cast<const int32_t*>(buf + K4 * kPackedCols * 4);
+}
 // Without a packed weight the packed kernel packs each block per call, which pays from
 // M >= K / 8 rows (and 16 at least): packing costs a pass of K/4 scattered stores per weight row
 // whatever M, the reducing kernel's horizontal sums cost a fixed few instructions per output
@@ -307,16 +315,19 @@ constexpr int64_t kPackedBlockBytes(int64_t K4) { return K4 * kPackedCols * 4; }
 // bench/results/xeon-amx-2c: K 256 from ~24 rows, 512 from ~48, 1536 and 3072 beyond 160).
 bool packed_pays(int64_t M, int64_t K) { return M >= 16 && M * 8 >= K; }
 
-// Weight rows [n0, n0 + cols) into buf[k4][c][4], zero past K and past cols: one block of
-// pack_w8a8_weight's layout (convs2s_kernels/ops/linear_w8a8/reference.py).
+// Weight rows [n0, n0 + cols) into buf[k4][c][4], zero past K and past cols, then their column
+// sums: one block of pack_w8a8_weight's layout (convs2s_kernels/ops/linear_w8a8/reference.py).
 void pack_block(const Operands& g, int64_t n0, int64_t cols, int64_t K4, int8_t* buf) {
   std::memset(buf, 0, kPackedBlockBytes(K4));
+  int32_t sums[kPackedCols] = {};
   for (int64_t c = 0; c < cols; ++c) {
     const int8_t* row = g.w + (n0 + c) * g.K;
     const int64_t whole = g.K / 4;
     for (int64_t k4 = 0; k4 < whole; ++k4) std::memcpy(buf + (k4 * kPackedCols + c) * 4, row + 4 * k4, 4);
     if (whole < K4) std::memcpy(buf + (whole * kPackedCols + c) * 4, row + 4 * whole, g.K - 4 * whole);
+    for (int64_t k = 0; k < g.K; ++k) sums[c] += row[k];
   }
+  std::memcpy(buf + K4 * kPackedCols * 4, sums, sizeof(sums));
 }
 
 // The block of columns [n0, n0 + 64): the caller's packed weight (n0 a multiple of 64), or packed now into scratch.
@@ -327,22 +338,28 @@ const int8_t* weight_block(const Operands& g, int64_t n0, int64_t cols, int64_t 
   return scratch.data();
 }
 
-template <int MT>
+// The first row tile of a block prefetches the block's stream this far ahead into L1 (its four
+// lines of each group of 4 k; past the block's end into the next block, which follows it). On a
+// Zen 5 VM (2 threads), the step's packed int8 weights cycled cold, paired in one process:
+// 0.86x the time at 5 rows, 0.91x at 10, 0.89x at 15, alike at 1 (8 KB; 4 and 16 KB within 3%).
+// Possible since the column sums come packed: the tile's 4 sum registers had left no room, and
+// GCC spilled the accumulators once the prefetch was added (2026-11-25, results amd-zen5-2c).
+constexpr int64_t kVnniAheadBytes = 8192;
+
+// kAhead: the block's first row tile, which also prefetches its stream (kVnniAheadBytes).
+template <int MT, bool kAhead>
 CONVS2S_VNNI inline void packed_tile(const Operands& g, const int8_t* buf, int64_t K4, int64_t r, int64_t n0,
-                                     int64_t cols, __m512i* wsum, bool first) {
+                                     int64_t cols) {
   constexpr int V = kPackedCols / 16;
-  I32x16 acc[MT][V], ws[V];
-  for (int v = 0; v < V; ++v) {
-    ws[v] = I32x16{};
+  I32x16 acc[MT][V];
+  for (int v = 0; v < V; ++v)
     for (int m = 0; m < MT; ++m) acc[m][v] = I32x16{};
-  }
-  const __m512i ones = _mm512_set1_epi8(1);
   const uint8_t* x = g.xu + r * g.Kp;
   for (int64_t k4 = 0; k4 < K4; ++k4) {
+    if constexpr (kAhead)
+      for (int l = 0; l < 4; ++l) __builtin_prefetch(buf + k4 * kPackedCols * 4 + kVnniAheadBytes + 64 * l, 0, 3);
     __m512i wv[V];
     for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_si512(buf + (k4 * kPackedCols + 16 * v) * 4);
-    if (first)
-      for (int v = 0; v < V; ++v) ws[v] = dpbusd(ws[v], ones, wv[v]);
     for (int m = 0; m < MT; ++m) {
       int32_t four;
       std::memcpy(&four, x + m * g.Kp + 4 * k4, 4);
@@ -350,24 +367,27 @@ CONVS2S_VNNI inline void packed_tile(const Operands& g, const int8_t* buf, int64
       for (int v = 0; v < V; ++v) acc[m][v] = dpbusd(acc[m][v], xb, wv[v]);
     }
   }
-  if (first)
-    for (int v = 0; v < V; ++v) wsum[v] = _mm512_slli_epi32(__m512i(ws[v]), 7);
+  const int32_t* sums = block_column_sums(buf, K4);
   for (int v = 0; v < V && 16 * v < cols; ++v) {
     const Columns16 c = columns16(g, n0 + 16 * v, cols - 16 * v);
-    for (int m = 0; m < MT; ++m) finish16(g, r + m, n0 + 16 * v, c, _mm512_sub_epi32(__m512i(acc[m][v]), wsum[v]));
+    const __m512i excess = _mm512_slli_epi32(_mm512_loadu_si512(sums + 16 * v), 7);  // 128 * sum_k w
+    for (int m = 0; m < MT; ++m) finish16(g, r + m, n0 + 16 * v, c, _mm512_sub_epi32(__m512i(acc[m][v]), excess));
   }
 }
 
 CONVS2S_VNNI void w8a8_vnni_packed(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
-  constexpr int MT = 5;  // 20 accumulators + 4 weight sums + 4 weight vectors + 1 broadcast of 32 zmm
+  constexpr int MT = 5;  // 20 accumulators + 4 weight vectors + 1 broadcast of 32 zmm
   const int64_t K4 = packed_k4(g.K);
   std::vector<int8_t> scratch;
-  __m512i wsum[kPackedCols / 16];
   for (int64_t n = n0; n < n1; n += kPackedCols) {
     const int64_t cols = std::min(kPackedCols, n1 - n);
     const int8_t* buf = weight_block(g, n, cols, K4, scratch);
-    for (int64_t r = 0; r < rows; r += MT)
-      CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (packed_tile<M>(g, buf, K4, r, n, cols, wsum, r == 0)))
+    for (int64_t r = 0; r < rows; r += MT) {
+      if (r == 0)
+        CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (packed_tile<M, true>(g, buf, K4, r, n, cols)))
+      else
+        CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT, (packed_tile<M, false>(g, buf, K4, r, n, cols)))
+    }
   }
 }
 
@@ -536,9 +556,8 @@ CONVS2S_AVX2 void w8a8_avx2(const Operands& g, int64_t rows, int64_t n0, int64_t
 // without it: cold 3072 x 2048 alone 0.75x the time at 5 rows, 0.86x at 10, 0.9x at 15, 0.7-0.8x at
 // 1 (in the caches unchanged); whole fconv_wmt_en_fr decodes of the peer workload, builds alternated,
 // 0.89x (8-bit) and 0.92x (7-bit, int8 encoder). 4-16 KB measured alike; from every row tile, no
-// better; the prefetch shares below stay (without them the steps ran 1.16-1.22x slower). Not in the
-// VNNI kernel: its 5-row tile holds 30 of the 32 registers, and with the prefetch (as a template
-// flag too) GCC spilled its accumulators and it ran 2-3x slower on a weight in the caches.
+// better; the prefetch shares below stay (without them the steps ran 1.16-1.22x slower). The VNNI
+// kernel has its own (kVnniAheadBytes), since the column sums come packed.
 constexpr int64_t kStreamAheadBytes = 8192;
 
 // AVX2 on packed blocks: half a block (32 columns, four vectors of 8 outputs x 4 k) per pass, each
@@ -578,30 +597,22 @@ CONVS2S_AVX2 inline void avx2_packed_tile(const Operands& g, const int8_t* buf, 
 
 // The same pass with 7-bit activations stored as xq + 64 (Operands::plus64): vpmaddubsw straight
 // on the unsigned copy and the weight, no vpsignb. The excess, 64 * sum_k w[n, k], comes off at
-// the end; the block half's first row tile (kSums) sums its weight columns in the same pass (one
-// more vpmaddubsw of ones per weight vector) into wsum, which the later tiles reuse. Weights are
-// read from L1 as operands, which leaves registers for the sums.
-template <int MT, bool kSums>
+// the end, from the block's column sums. Weights are read from L1 as operands.
+template <int MT, bool kAhead>
 CONVS2S_AVX2 inline void avx2_packed7_tile(const Operands& g, const int8_t* buf, int64_t K4, int64_t r, int64_t n,
-                                           int64_t cols, const PrefetchShare& share, __m256i (&wsum)[4]) {
+                                           int64_t cols, const PrefetchShare& share) {
   constexpr int V = 4;
-  I32x8 acc[MT][V], ws[V];
-  for (int v = 0; v < V; ++v) {
-    ws[v] = I32x8{};
+  I32x8 acc[MT][V];
+  for (int v = 0; v < V; ++v)
     for (int m = 0; m < MT; ++m) acc[m][v] = I32x8{};
-  }
-  const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
+  const __m256i ones = _mm256_set1_epi16(1);
   int64_t due = 0, line = 0;
   for (int64_t k4 = 0; k4 < K4; ++k4) {
     prefetch_share_step(share, K4, due, line);
     const int8_t* w = buf + k4 * kPackedCols * 4;
-    if constexpr (kSums) {  // the first row tile: ahead as above, and the weight sums
+    if constexpr (kAhead) {  // the first row tile: this half's stream ahead, as above
       __builtin_prefetch(w + kStreamAheadBytes, 0, 3);
       __builtin_prefetch(w + kStreamAheadBytes + 64, 0, 3);
-      for (int v = 0; v < V; ++v) {
-        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * v));
-        ws[v] += I32x8(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, wv), ones));
-      }
     }
     for (int m = 0; m < MT; ++m) {
       int32_t a4;
@@ -613,14 +624,16 @@ CONVS2S_AVX2 inline void avx2_packed7_tile(const Operands& g, const int8_t* buf,
       }
     }
   }
-  if constexpr (kSums)
-    for (int v = 0; v < V; ++v) wsum[v] = _mm256_slli_epi32(__m256i(ws[v]), 6);
-  finish_packed_pass<MT>(g, r, n, cols, acc, wsum);
+  const int32_t* sums = block_column_sums(buf, K4);  // buf: the half's first column, its sums likewise
+  __m256i excess[V];
+  for (int v = 0; v < V; ++v)
+    excess[v] = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + 8 * v)), 6);
+  finish_packed_pass<MT>(g, r, n, cols, acc, excess);
 }
 
 CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
   // 8-bit: 8 accumulators + 4 weight vectors + 2 broadcasts + ones of 16 ymm; 7-bit: the weights
-  // read from L1, 4 weight sums and ones of bytes in their place in the first row tile
+  // read from L1
   constexpr int MT = 2;
   const int64_t K4 = packed_k4(g.K);
   std::vector<int8_t> scratch;
@@ -638,7 +651,6 @@ CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, 
     const int64_t passes = (cols + kPackedCols / 2 - 1) / (kPackedCols / 2) * ((rows + MT - 1) / MT);
     const int64_t next_lines = g.packed && n + kPackedCols < n1 ? kPackedBlockBytes(K4) / 64 : 0;
     int64_t pass = 0;
-    __m256i wsum[4];  // 7-bit activations: 64 * the half's weight sums, from its first row tile
     for (int64_t half = 0; half < cols; half += kPackedCols / 2)
       for (int64_t r = 0; r < rows; r += MT, ++pass) {
         const int64_t l0 = next_lines * pass / passes, l1 = next_lines * (pass + 1) / passes;
@@ -652,10 +664,10 @@ CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, 
                               (avx2_packed_tile<M, false>(g, buf + half * 4, K4, r, n + half, width, share)))
         else if (r == 0)
           CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
-                              (avx2_packed7_tile<M, true>(g, buf + half * 4, K4, r, n + half, width, share, wsum)))
+                              (avx2_packed7_tile<M, true>(g, buf + half * 4, K4, r, n + half, width, share)))
         else
           CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
-                              (avx2_packed7_tile<M, false>(g, buf + half * 4, K4, r, n + half, width, share, wsum)))
+                              (avx2_packed7_tile<M, false>(g, buf + half * 4, K4, r, n + half, width, share)))
       }
   }
 }
@@ -771,9 +783,9 @@ int64_t linear_w8a8_kernel(int64_t M, int64_t K, int64_t N, bool has_packed, int
 void check_packed(const at::Tensor& packed, int64_t N, int64_t K) {
   const int64_t blocks = (N + kPackedCols - 1) / kPackedCols, K4 = packed_k4(K);
   TORCH_CHECK(packed.scalar_type() == at::kChar && packed.is_contiguous() && packed.dim() == 4 &&
-                  packed.size(0) == blocks && packed.size(1) == K4 && packed.size(2) == kPackedCols &&
+                  packed.size(0) == blocks && packed.size(1) == K4 + 1 && packed.size(2) == kPackedCols &&
                   packed.size(3) == 4,
-              "linear_w8a8: packed must be pack_w8a8_weight(qweight): contiguous int8 (", blocks, ", ", K4, ", ",
+              "linear_w8a8: packed must be pack_w8a8_weight(qweight): contiguous int8 (", blocks, ", ", K4 + 1, ", ",
               kPackedCols, ", 4)");
   TORCH_CHECK(packed.device().is_cpu(), "linear_w8a8: packed must be on the CPU");
 }

@@ -132,15 +132,19 @@ def test_activation_bits_must_be_8_or_7():
 
 
 def test_pack_w8a8_weight_layout():
-    """``packed[b, k4, c, j] = qweight[64 b + c, 4 k4 + j]``, zero past N and past K rounded to 64."""
+    """``packed[b, k4, c, j] = qweight[64 b + c, 4 k4 + j]``, zero past N and past K rounded to 64;
+    then per block one group holding its columns' sums as int32 (zero past N)."""
     q = torch.randint(-127, 128, (70, 9), dtype=torch.int8)
     q[q == 0] = 1
     p = ck.pack_w8a8_weight(q)
-    assert p.shape == (2, 16, 64, 4) and p.dtype == torch.int8 and p.is_contiguous()
+    assert p.shape == (2, 17, 64, 4) and p.dtype == torch.int8 and p.is_contiguous()
     for n, k in ((0, 0), (5, 8), (63, 4), (64, 1), (69, 8)):
         assert p[n // 64, k // 4, n % 64, k % 4] == q[n, k]
-    assert int(p.abs().gt(0).sum()) == q.numel(), "every weight once, zeros elsewhere"
-    assert ck.pack_w8a8_weight(torch.ones(1, 65, dtype=torch.int8)).shape == (1, 32, 64, 4)
+    groups = p[:, :16]
+    assert int(groups.abs().gt(0).sum()) == q.numel(), "every weight once, zeros elsewhere"
+    sums = p[:, 16].contiguous().view(torch.int32).reshape(-1)  # (2 blocks x 64 columns)
+    assert torch.equal(sums[:70], q.sum(dim=1, dtype=torch.int32)) and not sums[70:].any()
+    assert ck.pack_w8a8_weight(torch.ones(1, 65, dtype=torch.int8)).shape == (1, 33, 64, 4)
     with pytest.raises(TypeError, match="pack_w8a8_weight takes an int8 \\(N, K\\) qweight"):
         ck.pack_w8a8_weight(q.float())
 
@@ -270,7 +274,7 @@ def test_linear_w8a8_errors_name_the_problem():
     bad[1, 2] = -128
     with pytest.raises(ValueError, match="qweight holds -128: linear_w8a8 takes int8 weights in \\[-127, 127\\]"):
         ck.linear_w8a8(x, bad, s)
-    with pytest.raises(ValueError, match=r"packed must be pack_w8a8_weight\(qweight\): int8 \(1, 16, 64, 4\), got"):
+    with pytest.raises(ValueError, match=r"packed must be pack_w8a8_weight\(qweight\): int8 \(1, 17, 64, 4\), got"):
         ck.linear_w8a8(x, q, s, packed=torch.zeros(1, 3, 64, 4, dtype=torch.int8))
     other = q.clone()
     other[0, 0] = -other[0, 0] if int(other[0, 0]) else 1

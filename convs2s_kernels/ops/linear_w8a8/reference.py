@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Optional, Tuple
 
 import torch
@@ -36,25 +37,33 @@ def quantize_rows_int8(x: torch.Tensor, bits: int = 8) -> Tuple[torch.Tensor, to
 
 def packed_shape(N: int, K: int) -> Tuple[int, int, int, int]:
     """The shape of :func:`pack_w8a8_weight` of an ``(N, K)`` weight."""
-    return -(-N // PACKED_COLUMNS), 16 * -(-K // 64), PACKED_COLUMNS, 4
+    return -(-N // PACKED_COLUMNS), 16 * -(-K // 64) + 1, PACKED_COLUMNS, 4
 
 
 def pack_w8a8_weight(qweight: torch.Tensor) -> torch.Tensor:
     """``qweight (N, K)`` int8 rearranged for the cpp kernels of ``linear_w8a8``: blocks of 64 output
     columns, in each block 4 consecutive ``k`` of every column side by side (one 64-byte vector holds
     4 ``k`` of 16 outputs, what an integer dot-product instruction takes; 16 such groups are one AMX
-    tile), zero past ``N`` and past ``K`` rounded up to 64.
+    tile), zero past ``N`` and past ``K`` rounded up to 64; then one more group per block holding its
+    64 columns' sums ``sum_k qweight[n, k]`` as int32 (little-endian bytes), which the kernels taking
+    unsigned activations subtract scaled (made here once, not in every call).
 
-    Returns int8 ``(ceil(N / 64), 16 ceil(K / 64), 64, 4)``: ``packed[b, k4, c, j] = qweight[64 b + c, 4 k4 + j]``.
+    Returns int8 ``(ceil(N / 64), 16 ceil(K / 64) + 1, 64, 4)``: ``packed[b, k4, c, j] = qweight[64 b + c, 4 k4 + j]``
+    for ``k4 < 16 ceil(K / 64)``, and ``packed[b, -1].view(int32)[c] = qweight[64 b + c].sum()``.
     Packing once per weight saves the kernels a rearranging pass on every call.
     """
     if qweight.dtype != torch.int8 or qweight.dim() != 2:
         raise TypeError(f"pack_w8a8_weight takes an int8 (N, K) qweight, got {qweight.dtype} {tuple(qweight.shape)}")
+    if sys.byteorder != "little":
+        raise RuntimeError("pack_w8a8_weight stores its column sums little-endian, as the cpp kernels read them")
     N, K = qweight.shape
     blocks, k4 = packed_shape(N, K)[:2]
+    k4 -= 1  # the groups of k; the last holds the sums
     padded = qweight.new_zeros(blocks * PACKED_COLUMNS, k4 * 4)
     padded[:N, :K] = qweight
-    return padded.view(blocks, PACKED_COLUMNS, k4, 4).transpose(1, 2).contiguous()
+    groups = padded.view(blocks, PACKED_COLUMNS, k4, 4).transpose(1, 2)
+    sums = padded.sum(dim=1, dtype=torch.int32).view(blocks, 1, PACKED_COLUMNS, 1).view(torch.int8)
+    return torch.cat([groups, sums], dim=1).contiguous()
 
 
 def linear_w8a8_ref(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
