@@ -53,10 +53,9 @@ from .extension import native, unavailable_reason
 ENV = "CONVS2S_TUNE"
 ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 # Row counts at which the two GEMM libraries are timed against each other (a sentence or two of a
-# decoding step's beams, a step's few dozen, an encoding's hundreds), and the row ranges each
-# decides (up to the geometric middle between neighbours; the last without end).
+# decoding step's beams, a step's few dozen, an encoding's hundreds); each decides a row range
+# (range_ends).
 LIBRARY_ROWS = (16, 64, 256)
-LIBRARY_RANGE_ENDS = (32, 128, -1)
 # (N, K) nn.Linear weights; (K, N) linearised conv weights; (N, K) int8 weights times int8 activations;
 # (K, N) conv and Linear weights packed for the decoding step (pack_conv_step_weight, pack_linear_weight);
 # form kp's GEMM side is timed on the (K, N) matrix (a Linear's fallback reads its (N, K) weight transposed)
@@ -142,11 +141,22 @@ def w8a8_has_choice() -> bool:
     return unavailable_reason() is None and native().linear_w8a8_isa() in ("avx512-vnni", "avx2")
 
 
+def _library_shape(shape: Shape) -> bool:
+    """Whether the extension keeps a GEMM library choice for this shape: float32 weights in a float form."""
+    return shape.dtype == "float32" and shape.form in ("nk", "kn", "kp")
+
+
 def has_library_choice(shape: Shape) -> bool:
     """Whether this shape's GEMM side has two libraries to choose from: float32 weights in a float
     form, where this torch runs oneDNN's float32 inner product (and ``torch.backends.mkldnn`` is on)."""
-    return (shape.dtype == "float32" and shape.form in ("nk", "kn", "kp") and unavailable_reason() is None
+    return (_library_shape(shape) and unavailable_reason() is None
             and torch.backends.mkldnn.enabled and native().onednn_gemm_available())
+
+
+def range_ends(points: Sequence[int]) -> List[int]:
+    """The row range each of the sorted row counts ``points`` decides: up to the geometric middle
+    between it and the next, the last without end (-1)."""
+    return [int((a * b) ** 0.5) for a, b in zip(points, points[1:])] + [-1]
 
 
 def _weight_pool(shape: Shape, x_rows: int, seed: int):
@@ -173,7 +183,7 @@ def library_for(library: Optional[Dict[int, Tuple[float, float]]], rows: int) ->
     at LIBRARY_ROWS), ``"blas"`` where nothing was measured."""
     if not library:
         return "blas"
-    for end, at in zip(LIBRARY_RANGE_ENDS, LIBRARY_ROWS):
+    for end, at in zip(range_ends(LIBRARY_ROWS), LIBRARY_ROWS):
         if end == -1 or rows <= end:
             blas, onednn = library[at]
             return "onednn" if onednn < blas else "blas"
@@ -339,9 +349,8 @@ def library_ranges(entry: dict) -> Tuple[List[int], List[bool]]:
     decided = {at: library_for(library, at) == "onednn" for at in LIBRARY_ROWS}
     decided.update({int(r): lib == "onednn" for r, lib in entry.get("gemm_at", {}).items()})
     points = sorted(decided)
-    ends = [int((a * b) ** 0.5) for a, b in zip(points, points[1:])] + [-1]
     max_rows, onednn = [], []
-    for end, at in zip(ends, points):  # adjacent ranges alike merge
+    for end, at in zip(range_ends(points), points):  # adjacent ranges alike merge
         if onednn and onednn[-1] == decided[at]:
             max_rows[-1] = end
         else:
@@ -359,7 +368,7 @@ def apply(shape: Shape, entry: dict) -> None:
     C = native()
     C.set_few_rows_choice(FORMS[shape.form], shape.dtype, shape.K, shape.N,
                           kernel_rows(entry_timings(entry), C.few_rows_max()))
-    if shape.dtype == "float32" and shape.form in ("nk", "kn", "kp"):  # an entry without one: ATen's throughout
+    if _library_shape(shape):  # an entry without a library: ATen's throughout
         C.set_gemm_library_choice(FORMS[shape.form], shape.dtype, shape.K, shape.N, *library_ranges(entry))
     _applied[shape.name] = entry
     _applied_keys[_key(shape)] = shape.name

@@ -58,6 +58,12 @@ at::Tensor onednn_gemm(const at::Tensor& x, const at::Tensor& w_nk, const c10::o
   return std::move(stack[0]).toTensor();
 }
 
+// Whether oneDNN may take the call at all: float32 CPU tensors throughout.
+bool float32_cpu(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  return x.device().is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+         (!bias.has_value() || bias->scalar_type() == at::kFloat);
+}
+
 }  // namespace
 
 bool onednn_gemm_available() {
@@ -79,18 +85,14 @@ at::Tensor gemm_with(const at::Tensor& x, const at::Tensor& w, const c10::option
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "gemm_with: x (M, K) and a 2-D weight");
   if (library == GemmLibrary::blas) return blas_gemm(x, w, bias, w_is_nk);
   TORCH_CHECK(onednn_gemm_available(), "gemm_with: this torch build has no oneDNN inner product (mkldnn::_linear_pointwise)");
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
-                  (!bias.has_value() || bias->scalar_type() == at::kFloat),
-              "gemm_with: oneDNN is measured for float32 CPU tensors only");
+  TORCH_CHECK(float32_cpu(x, w, bias), "gemm_with: oneDNN is measured for float32 CPU tensors only");
   return onednn_gemm(x, w_is_nk ? w : w.t(), bias);
 }
 
 at::Tensor library_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, Form form,
                         bool w_is_nk) {
   const int64_t K = x.size(1), N = w_is_nk ? w.size(0) : w.size(1);
-  const bool float32 = x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
-                       (!bias.has_value() || bias->scalar_type() == at::kFloat) && x.device().is_cpu();
-  if (float32 && x.size(0) >= 1 && use_onednn_gemm(form, at::kFloat, K, N, x.size(0)) &&
+  if (float32_cpu(x, w, bias) && x.size(0) >= 1 && use_onednn_gemm(form, at::kFloat, K, N, x.size(0)) &&
       at::globalContext().userEnabledMkldnn() && onednn_gemm_available())
     return onednn_gemm(x, w_is_nk ? w : w.t(), bias);
   return blas_gemm(x, w, bias, w_is_nk);
