@@ -1,8 +1,11 @@
 """The decoding step's projections (``linear``; ``linear_int8`` and ``linear_w8a8`` with int8 weights): a few rows
 (sentences x beam) against a large weight, per backend. Shapes of the WMT'14 En-Fr decoder: a
 512->1024 residual projection, the 768->512 attention projection, the 4096->512 output
-projection (fc2) and the 512->40000 vocabulary projection (fc3), at 1, 5, 8, 12 and 16 rows. The cpp
-rows run the kernel choice measured for each shape (``convs2s_kernels.tune``, outside the timing)."""
+projection (fc2) and the 512->40000 vocabulary projection (fc3), at 1, 5, 8, 12 and 16 rows; and
+past the few-row kernels (64 and 160 rows of a 1536->1024 conv-sized product and of fc3), where the
+cpp backend runs the GEMM library measured faster for the shape (ATen's or oneDNN's,
+``csrc/library_gemm.cpp``) and the reference ATen's. The cpp rows run the kernel choice measured for
+each shape (``convs2s_kernels.tune``, outside the timing)."""
 
 import pytest
 import torch
@@ -13,8 +16,11 @@ from convs2s_kernels.tune import Shape, ensure
 from convs2s_bench.harness import DTYPES, record, rotating, run_timed, shapes
 
 TUNED_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-SHAPES = shapes(paper=[(m, k, n) for m in (1, 5, 8, 12, 16) for k, n in ((512, 1024), (768, 512), (4096, 512), (512, 40000))],
-                smoke=[(1, 16, 24), (5, 16, 24)])
+FEW_ROW_SHAPES = shapes(paper=[(m, k, n) for m in (1, 5, 8, 12, 16)
+                               for k, n in ((512, 1024), (768, 512), (4096, 512), (512, 40000))],
+                        smoke=[(1, 16, 24), (5, 16, 24)])
+SHAPES = FEW_ROW_SHAPES + shapes(paper=[(m, k, n) for m in (64, 160) for k, n in ((1536, 1024), (512, 40000))],
+                                 smoke=[(70, 16, 24)])
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
@@ -42,7 +48,7 @@ def test_linear(benchmark, runnable, peaks, device, backend, shape, dtype_name):
 
 
 # int8 also at the rows of many sentences x beam 5, where weight-only int8 lost to fp32
-INT8_SHAPES = SHAPES + shapes(paper=[(m, k, n) for m in (32, 64, 160) for k, n in ((1536, 1024), (512, 40000))],
+INT8_SHAPES = FEW_ROW_SHAPES + shapes(paper=[(m, k, n) for m in (32, 64, 160) for k, n in ((1536, 1024), (512, 40000))],
                               smoke=[(70, 16, 24)])
 INT8_PROVIDERS = {"reference": ck.linear_int8, "cpp": ck.linear_int8,
                   "w8a8-reference": ck.linear_w8a8, "w8a8-cpp": ck.linear_w8a8, "w8a8-packed-cpp": ck.linear_w8a8,
