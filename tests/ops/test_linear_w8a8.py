@@ -152,11 +152,13 @@ def test_pack_w8a8_weight_layout():
 @pytest.mark.parametrize("cap", ["avx2", "baseline"])
 def test_packed_weight_under_isa_caps(cap):
     """The AVX2 packed kernel (and the baseline, which ignores the layout) equal the reference, with
-    8-bit and 7-bit activations."""
+    8-bit and 7-bit activations; row counts that end in a partial tile of either tile height (two
+    rows for 8 bits, three for 7)."""
     require_or_skip("cpp")
     code = ("import torch, convs2s_kernels as ck\n"
             "native = ck.extension.native()\n"
-            "for rows, K, N in ((1, 33, 7), (2, 96, 200), (3, 130, 129), (12, 512, 300), (161, 64, 65)):\n"
+            "for rows, K, N in ((1, 33, 7), (2, 96, 200), (3, 130, 129), (5, 200, 70), (7, 65, 97), (12, 512, 300),\n"
+            "                   (161, 64, 65)):\n"
             "    x, w, b = torch.randn(rows, K) * 5, torch.randn(N, K) / K ** 0.5, torch.randn(N)\n"
             "    q, s = ck.quantize_int8(w)\n"
             "    q[:, ::3] = 127  # full-scale weights\n"
