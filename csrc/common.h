@@ -47,25 +47,32 @@ void parallel_row_spans(int64_t rows, int64_t cols, const F& fn) {
   });
 }
 
-// Runs per thread that parallel_runs deals out: the packed float kernel measured 4, 8 and 16 alike
-// within 3% (32 cost 6% where both vCPUs ran alike); the int8 kernel's steps alike within 1%.
-constexpr int64_t kRunsPerThread = 8;
-
 // fn(i0, i1) over [0, count) in runs of consecutive items that the threads take from a shared
-// counter (about kRunsPerThread runs each), not a fixed share each: on a 2-vCPU VM (AMD EPYC
-// Zen 3) one vCPU at times ran far slower, per call and for seconds at a time, and a fixed split
-// waited for it (bench/results/amd-zen3-2c). Each item is still computed whole by one thread, so
-// results do not depend on the schedule. Inside a parallel region, or on one thread: one run.
+// counter, each run 1 / (1.5 * threads) of the items left (at least one): long runs first, short
+// ones at the end. Not a fixed share each: on a 2-vCPU VM (AMD EPYC Zen 3) one vCPU at times ran
+// far slower, per call and for seconds at a time, and a fixed split waited for it; with the first
+// run a third of the work (two threads), a vCPU up to 2x slower still finishes its run in time.
+// Not short runs throughout either (about 8 a thread, as before): a kernel prefetches the next
+// block only within its run, so runs of one or two blocks (a 1024-2048-column weight) streamed
+// with gaps. fconv_wmt_en_fr decoding steps on a Zen 5 VM, 2 threads, paired in one process against
+// 8 runs a thread: fp32 at AVX-512 0.98x the time at 1 and 5 rows, 0.96x at 10, 0.95x at 15; int8
+// (VNNI) 0.95x at 5, 0.97x at 15; int7 capped at AVX2 0.94x at 1 and 5, 0.97x at 10 and 15; alike
+// (0.99-1.00x) while the VM's memory ran slow. Each item is still computed whole by one thread,
+// so results do not depend on the schedule. Inside a parallel region, or on one thread: one run.
 template <typename F>
 void parallel_runs(int64_t count, const F& fn) {
   const int64_t threads = at::get_num_threads();
   if (count <= 0) return;
   if (threads == 1 || at::in_parallel_region()) return fn(int64_t(0), count);
-  const int64_t run = std::max<int64_t>(1, count / (threads * kRunsPerThread));
-  const int64_t runs = (count + run - 1) / run;
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, std::min(threads, runs), 1, [&](int64_t, int64_t) {
-    for (int64_t i; (i = next.fetch_add(1)) < runs;) fn(i * run, std::min(count, (i + 1) * run));
+  at::parallel_for(0, std::min(threads, count), 1, [&](int64_t, int64_t) {
+    for (int64_t begin = next.load(); begin < count;) {
+      const int64_t take = std::max<int64_t>(1, (count - begin) * 2 / (3 * threads));
+      if (next.compare_exchange_weak(begin, begin + take)) {  // else begin is now the counter's value
+        fn(begin, std::min(count, begin + take));
+        begin = next.load();
+      }
+    }
   });
 }
 
