@@ -655,18 +655,21 @@ CONVS2S_AVX2 void w8a8_avx2_packed_rows(const Operands& g, int64_t rows, int64_t
         const int64_t l0 = next_lines * pass / passes, l1 = next_lines * (pass + 1) / passes;
         const PrefetchShare share{buf + kPackedBlockBytes(K4) + 64 * l0, l1 - l0};
         const int64_t width = std::min<int64_t>(kPackedCols / 2, cols - half);
-        if (!kSeven && r == 0)
-          CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
-                              (avx2_packed_tile<M, true>(g, buf + half * 4, K4, r, n + half, width, share)))
-        else if (!kSeven)
-          CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
-                              (avx2_packed_tile<M, false>(g, buf + half * 4, K4, r, n + half, width, share)))
-        else if (r == 0)
+        // if constexpr: each loop instantiates only its own tiles (no 8-bit tile of three rows)
+        if constexpr (!kSeven) {
+          if (r == 0)
+            CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
+                                (avx2_packed_tile<M, true>(g, buf + half * 4, K4, r, n + half, width, share)))
+          else
+            CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
+                                (avx2_packed_tile<M, false>(g, buf + half * 4, K4, r, n + half, width, share)))
+        } else if (r == 0) {
           CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
                               (avx2_packed7_tile<M, true>(g, buf + half * 4, K4, r, n + half, width, share)))
-        else
+        } else {
           CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
                               (avx2_packed7_tile<M, false>(g, buf + half * 4, K4, r, n + half, width, share)))
+        }
       }
   }
 }
