@@ -3,14 +3,20 @@
 
 #include <ATen/OpMathType.h>
 #include <cmath>
+#include <type_traits>
 
 #include "common.h"
 
 namespace convs2s {
 
+// dst[i] = (value[i] * sigmoid(gate[i]) + res[i]) * scale for i < n (res may be null): the float32
+// loop of glu_epilogue, vectorised with a polynomial exp (glu_cpu.cpp).
+void glu_span_f32(const float* value, const float* gate, const float* res, float scale, int64_t n, float* dst);
+
 // out = (value * sigmoid(gate) + residual) * scale, per row of pre = [value | gate]; the rows x c
 // outputs shared among the threads (parallel_row_spans: split by rows alone, a step's 1-16 rows
 // ran on one thread, ~4% of an int8 step at 12 rows), each computed alike wherever its run starts.
+// float32 through glu_span_f32; other types widened to their math type, one libm exp each.
 template <typename scalar_t>
 void glu_epilogue(const scalar_t* pre, const scalar_t* res, double scale, int64_t rows, int64_t c, scalar_t* out) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -20,10 +26,14 @@ void glu_epilogue(const scalar_t* pre, const scalar_t* res, double scale, int64_
     const scalar_t* gate = value + c;
     const scalar_t* rr = res ? res + r * c : nullptr;
     scalar_t* dst = out + r * c;
-    for (int64_t i = i0; i < i1; ++i) {
-      acc_t v = static_cast<acc_t>(value[i]) / (acc_t(1) + std::exp(-static_cast<acc_t>(gate[i])));
-      if (rr) v += static_cast<acc_t>(rr[i]);
-      dst[i] = static_cast<scalar_t>(v * sc);
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      glu_span_f32(value + i0, gate + i0, rr ? rr + i0 : nullptr, sc, i1 - i0, dst + i0);
+    } else {
+      for (int64_t i = i0; i < i1; ++i) {
+        acc_t v = static_cast<acc_t>(value[i]) / (acc_t(1) + std::exp(-static_cast<acc_t>(gate[i])));
+        if (rr) v += static_cast<acc_t>(rr[i]);
+        dst[i] = static_cast<scalar_t>(v * sc);
+      }
     }
   });
 }

@@ -3,13 +3,16 @@ torch.compile), the reference against an explicit tap loop, the paper's shapes o
 and the input errors."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import convs2s_kernels as ck
 from convs2s_kernels.testing import assert_close
-from harness import DTYPES, FAST_BACKENDS, assert_grads_close, conv_inputs, conv_weight, runnable
+from harness import DTYPES, FAST_BACKENDS, assert_grads_close, conv_inputs, conv_weight, require_or_skip, runnable
 
 CONV_CASES = [
     pytest.param(2, 7, 16, 8, 3, True, id="causal_k3"),
@@ -115,6 +118,40 @@ CONV_SHAPES = [
     pytest.param(2, 6, 16, 8, 1, id="k1"),
     pytest.param(2, 5, 7, 9, 2, id="k2"),
 ]
+
+
+# The cpp GLU's float32 sigmoid (csrc/glu_cpu.cpp: a polynomial exp on whole vectors) on a sweep of
+# gates and at the limits, through a 1 x 1 convolution that passes [1, gate] through exactly; at
+# every vector width the kernels are built for (16, 8 and 4 lanes), each in its own process since
+# the instruction set is read once.
+_SIGMOID_CODE = """
+import math, torch, convs2s_kernels as ck
+def sigmoid_cpp(g):
+    n = g.numel()
+    x = torch.stack([torch.ones(n), g], -1).view(1, n, 2)
+    w = torch.zeros(1, 2, 2); w[0, 0, 0] = 1; w[0, 1, 1] = 1
+    return ck.conv_glu(x, w, torch.zeros(2), causal=True, backend="cpp").view(-1)
+g = torch.linspace(-87, 88, 200_003)  # not a whole number of vectors: the tail too
+got, want = sigmoid_cpp(g).double(), torch.sigmoid(g.double())
+ulp = (torch.nextafter(want.float(), torch.tensor(math.inf)) - want.float()).double()
+worst = ((got - want).abs() / ulp).max().item()
+assert worst <= 3, f"sigmoid {worst:.2f} ulp from float64's"
+edges = torch.tensor([-1e30, -200., -88.5, 87.5, 88.5, 200., 1e30, math.inf, -math.inf, math.nan])
+out = sigmoid_cpp(edges)
+assert out[:3].eq(0).all() and out[3:7].eq(1).all(), out
+assert out[7:].isnan().all(), "an inf gate times the zero weights is NaN, and NaN stays NaN"
+"""
+
+
+@pytest.mark.parametrize("cap", ["native", "avx2", "baseline"])
+def test_cpp_glu_sigmoid_within_3_ulp_and_exact_at_the_limits(cap):
+    require_or_skip("cpp")
+    env = dict(os.environ)
+    env.pop("CONVS2S_KERNELS_ISA", None)
+    if cap != "native":
+        env["CONVS2S_KERNELS_ISA"] = cap
+    out = subprocess.run([sys.executable, "-c", _SIGMOID_CODE], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "centred"])
