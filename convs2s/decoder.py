@@ -57,12 +57,16 @@ class FoldedAttention:
     def __init__(self, layer: "AttentionLayer", enc: EncoderOut, backend: Optional[str] = None):
         w_in, b_in = layer.in_projection.effective_weight(), layer.in_projection.bias  # (E, C), (E,)
         w_out = layer.out_projection.effective_weight()  # (C, E)
-        # B * S rows each through the dispatched linear: on the cpp backend, the GEMM measured
-        # fastest for these shapes (convs2s_kernels.tune; step_shapes.fold_weight_shapes). W_in^T
-        # goes as a view, which the cpp linear multiplies as the (K, N) matrix it is (no copy).
-        self.z_in = ck.linear(enc.z, w_in.t(), backend=backend)  # (B, S, C)
+        # B * S rows each through the dispatched linear, on the cpp backend with both weights packed
+        # as (E, C) matrices: the few-row kernel where measured faster than the GEMM for these
+        # shapes (convs2s_kernels.tune; step_shapes.fold_weight_shapes), in pieces past its row cap.
+        choices = ck.requested_backends(backend)
+        packs = enc.z.device.type == "cpu" and ("auto" in choices or "cpp" in choices)  # only cpp reads them
+        self.z_in = ck.linear(enc.z, w_in.t(), backend=backend,
+                              packed=layer.in_projection.fold_packed(transposed=True) if packs else None)  # (B, S, C)
         self.z_bias = torch.matmul(enc.z, b_in)  # (B, S)
-        self.y_out = ck.linear(enc.y, w_out, backend=backend)  # (B, S, C)
+        self.y_out = ck.linear(enc.y, w_out, backend=backend,
+                               packed=layer.out_projection.fold_packed() if packs else None)  # (B, S, C)
         self.b_out = layer.out_projection.bias
 
     def index_select(self, index: torch.Tensor) -> None:

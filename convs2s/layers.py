@@ -197,6 +197,26 @@ class Linear(WeightNormed):
     def _pack_for_step(self, w: torch.Tensor) -> Optional[torch.Tensor]:
         return ck.pack_linear_weight(w)
 
+    def fold_packed(self, transposed: bool = False) -> Optional[torch.Tensor]:
+        """The float weight packed for the cpp ``linear`` outside the step, whatever the step
+        multiplies (int8 weights too): the attention fold's values times ``W_out^T``
+        (``pack_linear_weight(W)``, the step's own packing where it has one) and keys times ``W_in``
+        (``transposed``: ``pack_linear_weight(W^T)``). Kept until the weight changes; None where
+        :meth:`step_packed` gives none for other reasons than int8 weights."""
+        if self.training or torch.is_grad_enabled():
+            self._fold_packs = {}
+            return None
+        w = self.effective_weight()
+        if torch.is_autocast_enabled(w.device.type):
+            return None
+        if not transposed and not self.use_int8:
+            return self.step_packed()
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        packs = self.__dict__.setdefault("_fold_packs", {})
+        if packs.get(transposed, (None,))[0] != key:
+            packs[transposed] = (key, ck.pack_linear_weight(w.t() if transposed else w))
+        return packs[transposed][1]
+
     def forward(self, x: torch.Tensor, backend: Optional[str] = NO_DISPATCH) -> torch.Tensor:
         """``x W^T + b``: plain ``F.linear`` (``NO_DISPATCH``), or the dispatched ``linear`` op for a
         backend request (None: the dispatcher's default), int8 weights when decoding with them."""

@@ -82,9 +82,9 @@ def step_weight_shapes(decoder: nn.Module) -> List[Shape]:
 
 def fold_weight_shapes(decoder: nn.Module) -> List[Shape]:
     """The products that fold attention into a sentence's state (decoder.FoldedAttention), each
-    layer's: the encoder's keys times W_in (form kn: the in-projection's (E, C) weight is the (K, N)
-    matrix) and its values times W_out^T (form nk), both float whatever the step's weights, with
-    B * S rows, timed as cold as one fold leaves them."""
+    layer's: the encoder's keys times W_in and its values times W_out^T, both (E, C) matrices read
+    packed (form kp: Linear.fold_packed), float whatever the step's weights, with B * S rows, timed
+    as cold as one fold leaves them."""
     layers = [a for a in decoder.attention if a is not None]
     dtype = _DTYPES.get(decoder.fc1.bias.dtype)
     if not layers or dtype is None:
@@ -92,8 +92,7 @@ def fold_weight_shapes(decoder: nn.Module) -> List[Shape]:
     stream = stream_mb(sum(2 * a.in_projection.in_features * a.in_projection.out_features * decoder.fc1.bias.element_size()
                            for a in layers))
     return list(dict.fromkeys(
-        s for a in layers for s in (Shape("kn", dtype, a.in_projection.out_features, a.in_projection.in_features, stream),
-                                    Shape("nk", dtype, a.out_projection.in_features, a.out_projection.out_features, stream))))
+        Shape("kp", dtype, a.in_projection.out_features, a.in_projection.in_features, stream) for a in layers))
 
 
 def encoder_weight_shapes(encoder: nn.Module) -> List[Shape]:

@@ -30,7 +30,8 @@ at::Tensor pack_kn_weight(const at::Tensor& w);
 // Checks that `packed` is a (K, N) weight in pack_kn_weight's layout for this CPU's kernels.
 void check_packed_kn(const at::Tensor& packed, int64_t K, int64_t N);
 // x (M, K) float32 or bf16 times a packed (K, N) weight of x's dtype (+ bias): small_gemm's (K, N)
-// product through small_gemm_kn_packed; returns (M, N) in x's dtype.
+// product through small_gemm_kn_packed, any M (pieces of kSmallGemmMaxRows rows); returns (M, N)
+// in x's dtype.
 at::Tensor small_gemm_packed(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                              const c10::optional<at::Tensor>& bias);
 
@@ -44,8 +45,9 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optio
 at::Tensor measured_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                             bool w_is_nk);
 // x @ w (+ bias) for a (K, N) weight w and its packed layout (pack_kn_weight): small_gemm_packed at
-// the row counts the kernel choice gives the packed kernel for this shape (form kp), the measured
-// library's GEMM on w at the others (ATen's for any other dtype).
+// the row counts the kernel choice gives the packed kernel for this shape (form kp; past
+// kSmallGemmMaxRows rows, where it took kSmallGemmMaxRows), the measured library's GEMM on w at the
+// others (ATen's for any other dtype).
 at::Tensor measured_packed_product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& packed,
                                    const c10::optional<at::Tensor>& bias);
 // x (M, K) float32 @ (qweight (N, K) int8 * scale (N,) per row)^T + bias: weight-only int8 for

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import convs2s_kernels.tune as tune
+import convs2s_kernels as ck
 from convs2s_kernels import tune_cache
 from convs2s_kernels.extension import native
 from harness import require_or_skip
@@ -342,10 +343,10 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
         model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2)
     assert asked == [int8]
     # folding attention: each layer's fold products too, in float whatever the step's weights (E = 256,
-    # C = 256 in every layer of this architecture: keys x W_in as (K, N), values x W_out^T as (N, K))
+    # C = 256 in every layer of this architecture: keys x W_in and values x W_out^T, both packed (E, C))
     folds = [s.name for s in fold_weight_shapes(model.decoder)]
     fold_bytes = 4 * 2 * 256 * 256 * sum(a is not None for a in model.decoder.attention)
-    assert folds == [f"kn:float32:256x256@{tune.stream_mb(fold_bytes)}MB", f"nk:float32:256x256@{tune.stream_mb(fold_bytes)}MB"]
+    assert folds == [f"kp:float32:256x256@{tune.stream_mb(fold_bytes)}MB"]
     with torch.no_grad():
         model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2, fold_attention=True)
     assert asked[-1] == int8 + folds
@@ -424,6 +425,7 @@ def test_the_attention_fold_runs_the_library_chosen_for_its_shapes(fresh):
     from convs2s.decoder import FoldedAttention
 
     C = native()
+    onednn = C.onednn_gemm_available()  # its first call tries the op once: not inside the profile
     model = build_model("fconv_iwslt_de_en", 50, 60).eval()
     enc = model.encode(torch.tensor([[5, 6, 7, 8, 2], [1, 9, 10, 11, 2]]))
     layers = [a for a in model.decoder.attention if a is not None]
@@ -433,8 +435,59 @@ def test_the_attention_fold_runs_the_library_chosen_for_its_shapes(fresh):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         folded = [FoldedAttention(a, enc) for a in layers]
     calls = sum(e.name == "mkldnn::_linear_pointwise" for e in prof.events())
-    assert calls == (2 * len(layers) if C.onednn_gemm_available() else 0)
+    assert calls == (2 * len(layers) if onednn else 0)
     for a, f in zip(layers, folded):
         w_in, w_out = a.in_projection.effective_weight(), a.out_projection.effective_weight()
         torch.testing.assert_close(f.z_in, torch.matmul(enc.z, w_in), atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(f.y_out, torch.matmul(enc.y, w_out.t()), atol=2e-5, rtol=1e-4)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8-step"])
+def test_the_attention_fold_reads_both_weights_packed_on_the_kernel_chosen_for_them(fresh, int8):
+    """With the few-row kernel chosen for the fold's shape, each layer's two products read the
+    packed (E, C) matrices (Linear.fold_packed), in 64-row pieces past the kernels' cap: 3 x 30 = 90
+    rows make two kernel calls per product. An int8 step changes nothing here (the fold multiplies
+    float weights). The folded products equal the plain ones to float32 rounding."""
+    from convs2s.decoder import FoldedAttention
+
+    C = native()
+    model = build_model("fconv_iwslt_de_en", 50, 60).eval()
+    if int8:
+        model.quantize_decoder_int8(True, activations="int8")
+    g = torch.Generator().manual_seed(7)
+    enc = model.encode(torch.cat([torch.randint(4, 50, (3, 29), generator=g), torch.full((3, 1), 2)], 1))
+    layers = [a for a in model.decoder.attention if a is not None]
+    (shape,) = fold_weight_shapes(model.decoder)
+    C.set_few_rows_choice(tune.FORMS[shape.form], shape.dtype, shape.K, shape.N, [True] * C.few_rows_max())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        folded = [FoldedAttention(a, enc) for a in layers]
+    calls = sum(e.name == "convs2s::few_rows_kn_packed" for e in prof.events())
+    assert calls == 2 * 2 * len(layers)
+    assert not any(e.name in ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm") for e in prof.events())
+    for a, f in zip(layers, folded):
+        w_in, w_out = a.in_projection.effective_weight(), a.out_projection.effective_weight()
+        torch.testing.assert_close(f.z_in, torch.matmul(enc.z, w_in), atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(f.y_out, torch.matmul(enc.y, w_out.t()), atol=2e-5, rtol=1e-4)
+    # the packings are made once and kept while the weights stay
+    assert layers[0].in_projection.fold_packed(transposed=True) is layers[0].in_projection.fold_packed(transposed=True)
+
+
+@torch.no_grad()
+def test_the_packed_kernel_takes_rows_past_its_cap_in_pieces_only_where_it_won_at_the_cap(fresh):
+    """Past the kernels' 64 rows, a packed product runs the kernel in 64-row pieces where the kernel
+    choice gave it 64 rows, and the GEMM where it did not; ragged sizes, equal to float32 rounding."""
+    C = native()
+    K, N = 70, 130
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(N, K, generator=g) / K ** 0.5, torch.randn(N, generator=g)
+    packed = ck.pack_linear_weight(w)
+    cap = C.few_rows_max()
+    for at_cap, rows in ((True, 65), (True, 2 * cap + 3), (False, 2 * cap + 3)):
+        C.set_few_rows_choice(tune.FORMS["kp"], "float32", K, N, [True] * (cap - 1) + [at_cap])
+        x = torch.randn(rows, K, generator=g)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = ck.linear(x, w, b, packed=packed, backend="cpp")
+        calls = sum(e.name == "convs2s::few_rows_kn_packed" for e in prof.events())
+        assert calls == (-(-rows // cap) if at_cap else 0), (at_cap, rows)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), atol=2e-5, rtol=1e-4)

@@ -128,10 +128,21 @@ def test_the_packed_kernel_refuses_another_layout(C):
     other = 16 if C.kn_packed_width() == 64 else 64
     with pytest.raises(RuntimeError, match=f"packed {other} columns a block, this CPU's kernels take"):
         C.small_gemm_kn_packed(torch.randn(2, 40), torch.zeros(-(-70 // other), 40, other), 70)
-    with pytest.raises(RuntimeError, match="1..64 rows"):
-        C.small_gemm_kn_packed(torch.randn(65, 40), p, 70)
+    with pytest.raises(RuntimeError, match="at least one row"):
+        C.small_gemm_kn_packed(torch.randn(0, 40), p, 70)
     with pytest.raises(RuntimeError, match="share a dtype"):
         C.small_gemm_kn_packed(torch.randn(2, 40, dtype=torch.float64), p, 70)
+
+
+@torch.no_grad()
+def test_the_packed_kernel_takes_any_rows_in_pieces_of_its_cap(C):
+    # past 64 rows, pieces of 64 (each reading the whole weight); strided rows, ragged N, bias
+    w, b = torch.randn(40, 70) / 7, torch.randn(70)
+    p = C.pack_kn_weight(w)
+    for rows in (64, 65, 129, 200):
+        x = torch.randn(rows, 43)[:, 1:41]
+        torch.testing.assert_close(C.small_gemm_kn_packed(x, p, 70, b), F.linear(x.double(), w.t().double(), b.double()).float(),
+                                   atol=2e-5, rtol=1e-4)
 
 
 @torch.no_grad()
