@@ -13,7 +13,8 @@ import convs2s_kernels as ck
 from convs2s_kernels.tune import ensure as ensure_kernel_choice
 
 from .architectures import ConvS2SConfig
-from .layers import NO_DISPATCH, SQRT_HALF, GradMultiply, Linear, conv_stack, embedding, make_positions, residual_input
+from .layers import (NO_DISPATCH, SQRT_HALF, GradMultiply, Linear, conv_stack, cpp_may_run, embedding, make_positions,
+                     residual_input)
 from .step_shapes import encoder_weight_shapes
 from .special_tokens import EOS, PAD  # noqa: F401  (EOS: convs2s.encoder.EOS stays importable)
 
@@ -106,9 +107,12 @@ class Encoder(nn.Module):
                 x = conv.int8_sequence(x, causal=False, pad_mask=mask, backend=backend)
                 x = x if residual is None else (x + residual) * SQRT_HALF
             else:
+                # translating: the weight packed as the decoding step reads it (a sentence or two is a
+                # few dozen rows, where the few-row kernel's register tiles beat the GEMM)
+                packed = conv.step_packed() if linear_backend != NO_DISPATCH and cpp_may_run(x, backend) else None
                 x = ck.conv_glu(
                     x, conv.effective_weight(), conv.bias, causal=False, residual=residual,
-                    scale=SQRT_HALF if residual is not None else None, pad_mask=mask, backend=backend,
+                    scale=SQRT_HALF if residual is not None else None, pad_mask=mask, packed=packed, backend=backend,
                 )
             residuals.append(x)
         x = self.fc2(x, linear_backend)

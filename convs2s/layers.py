@@ -219,7 +219,8 @@ class Linear(WeightNormed):
 
     def forward(self, x: torch.Tensor, backend: Optional[str] = NO_DISPATCH) -> torch.Tensor:
         """``x W^T + b``: plain ``F.linear`` (``NO_DISPATCH``), or the dispatched ``linear`` op for a
-        backend request (None: the dispatcher's default), int8 weights when decoding with them."""
+        backend request (None: the dispatcher's default), int8 weights when decoding with them, the
+        packed weight (:meth:`step_packed`) where the cpp backend may run it."""
         if backend == NO_DISPATCH:
             return F.linear(x, self.effective_weight(), self.bias)
         rows = x.reshape(-1, x.shape[-1])  # (B, T, K) -> (B * T, K): the ops bound rows of a 2-D input
@@ -227,7 +228,8 @@ class Linear(WeightNormed):
         if quantized is not None:
             y = self.int8_product()(rows, *quantized, self.bias, backend=backend, **self.int8_extra())
         else:
-            y = ck.linear(rows, self.effective_weight(), self.bias, backend=backend)
+            y = ck.linear(rows, self.effective_weight(), self.bias, backend=backend,
+                          packed=self.step_packed() if cpp_may_run(x, backend) else None)
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def _int8_matrix(self) -> torch.Tensor:
@@ -358,6 +360,13 @@ def conv_stack(spec: Sequence[tuple], dropout: float, weight_norm: bool = True):
         convolutions.append(ConvTBCWeight(in_channels, 2 * out_channels, k, dropout=dropout, weight_norm=weight_norm))
         in_channels = out_channels
     return projections, convolutions
+
+
+def cpp_may_run(x: torch.Tensor, backend: Optional[str]) -> bool:
+    """Whether a dispatched op on ``x`` may run on the cpp backend (the only one that reads packed
+    weights): a CPU tensor, and ``backend`` asks for cpp or auto."""
+    choices = ck.requested_backends(backend)
+    return x.device.type == "cpu" and ("auto" in choices or "cpp" in choices)
 
 
 def apply_linear(module: nn.Module, x: torch.Tensor, backend: Optional[str] = NO_DISPATCH) -> torch.Tensor:

@@ -97,7 +97,8 @@ def fold_weight_shapes(decoder: nn.Module) -> List[Shape]:
 
 def encoder_weight_shapes(encoder: nn.Module) -> List[Shape]:
     """The shapes an encoding multiplies (fc1, residual projections, convolutions, fc2), timed as
-    cold as one encoding leaves them. A sentence or two is a few dozen rows, where the few-row
-    kernels can beat the GEMM."""
+    cold as one encoding leaves them, in form kp (translating, the encoder reads its float weights
+    packed as the step does: WeightNormed.step_packed). A sentence or two is a few dozen rows,
+    where the few-row kernels can beat the GEMM."""
     return _shapes_read_together([encoder.fc1, *[p for p in encoder.projections if p is not None],
-                                  *encoder.convolutions, encoder.fc2])
+                                  *encoder.convolutions, encoder.fc2], packed=True)

@@ -119,7 +119,8 @@ void check_inputs(const at::Tensor& x, const at::Tensor& weight, const c10::opti
 std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& weight,
                                          const c10::optional<at::Tensor>& bias,
                                          const c10::optional<at::Tensor>& residual,
-                                         const c10::optional<at::Tensor>& pad_mask, bool causal, double scale) {
+                                         const c10::optional<at::Tensor>& pad_mask, bool causal, double scale,
+                                         const c10::optional<at::Tensor>& packed) {
   check_inputs(x, weight, pad_mask);
   const ConvGeometry g = geometry(x, weight, causal);
   if (residual.has_value()) {
@@ -134,8 +135,10 @@ std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& 
   });
   const at::Tensor w2 = weight.view({g.k * g.c_in, 2 * g.c_out});
   // A short batch (an encoder's sentence or two: a few dozen rows) is a few-row product against a
-  // large weight, where the measured choice streams the weight once instead of packing it.
-  at::Tensor pre = measured_product(cols, w2, bias, /*w_is_nk=*/false);
+  // large weight, where the measured choice streams the weight once instead of packing it (the
+  // packed copy where given: the kernel's whole-K register tiles, in 64-row pieces past its cap).
+  at::Tensor pre = packed.has_value() ? measured_packed_product(cols, w2, *packed, bias)
+                                      : measured_product(cols, w2, bias, /*w_is_nk=*/false);
   at::Tensor out = new_output({g.B, g.T, g.c_out}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "conv_glu_epilogue", [&] {
     glu_epilogue<scalar_t>(pre.data_ptr<scalar_t>(), residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr,

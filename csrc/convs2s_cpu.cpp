@@ -56,7 +56,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("conv_glu_forward", &convs2s::conv_glu_forward,
         "conv (causal or centred) + bias + GLU + residual + scale; returns (out, pre)", py::arg("x"),
         py::arg("weight"), py::arg("bias"), py::arg("residual"), py::arg("pad_mask"), py::arg("causal"),
-        py::arg("scale"));
+        py::arg("scale"), py::arg("packed") = py::none());
   m.def("conv_glu_backward", &convs2s::conv_glu_backward,
         "gradients of conv_glu_forward: (dx, dweight, dbias, dresidual)", py::arg("dout"), py::arg("x"),
         py::arg("weight"), py::arg("pre"), py::arg("pad_mask"), py::arg("causal"), py::arg("scale"),

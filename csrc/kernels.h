@@ -47,10 +47,12 @@ std::vector<at::Tensor> conv_step_forward(const at::Tensor& x_t, const at::Tenso
                                           const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                           const c10::optional<at::Tensor>& beam_index,
                                           const c10::optional<at::Tensor>& packed = c10::nullopt);
+// packed (inference): the weight viewed as (k * C_in, 2C) in pack_kn_weight's layout, or none.
 std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& weight,
                                          const c10::optional<at::Tensor>& bias,
                                          const c10::optional<at::Tensor>& residual,
-                                         const c10::optional<at::Tensor>& pad_mask, bool causal, double scale);
+                                         const c10::optional<at::Tensor>& pad_mask, bool causal, double scale,
+                                         const c10::optional<at::Tensor>& packed = c10::nullopt);
 std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tensor& x, const at::Tensor& weight,
                                           const at::Tensor& pre, const c10::optional<at::Tensor>& pad_mask,
                                           bool causal, double scale, bool need_residual_grad);

@@ -359,7 +359,8 @@ def test_the_encoder_asks_for_its_weight_shapes_only_when_translating(fresh, mon
     enc_bytes = 4 * (256 * 256 + 256 * 256 + sum(conv.kernel_width * conv.in_channels * conv.out_channels
                                                   for conv in enc.convolutions))  # fc1, convolutions, fc2
     stream = f"@{tune.stream_mb(enc_bytes)}MB"
-    assert names == ["nk:float32:256x256" + stream, "kn:float32:768x512" + stream]  # fc1 = fc2's shape; the convs
+    # fc1 = fc2's shape; the convs; all read packed (form kp) as the decoding step reads its weights
+    assert names == ["kp:float32:256x256" + stream, "kp:float32:768x512" + stream]
     asked = []
     monkeypatch.setattr("convs2s.encoder.ensure_kernel_choice", lambda s: asked.append([x.name for x in s]))
     src = torch.tensor([[5, 6, 2]])
@@ -491,3 +492,28 @@ def test_the_packed_kernel_takes_rows_past_its_cap_in_pieces_only_where_it_won_a
         calls = sum(e.name == "convs2s::few_rows_kn_packed" for e in prof.events())
         assert calls == (-(-rows // cap) if at_cap else 0), (at_cap, rows)
         torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), atol=2e-5, rtol=1e-4)
+
+
+def test_the_encoder_reads_its_float_weights_packed_on_the_kernel_chosen_for_them(fresh):
+    """Translating with the few-row kernel chosen for the encoder's shapes: fc1, every convolution
+    (conv_glu with packed=) and fc2 read the packed weights, 3 x 30 = 90 rows in two 64-row pieces
+    each; the result equals the reference backend's. With gradients nothing reads them."""
+    C = native()
+    model = build_model("fconv_iwslt_de_en", 50, 60).eval()
+    for shape in encoder_weight_shapes(model.encoder):
+        C.set_few_rows_choice(tune.FORMS[shape.form], shape.dtype, shape.K, shape.N, [True] * C.few_rows_max())
+    g = torch.Generator().manual_seed(5)
+    src = torch.cat([torch.randint(4, 50, (3, 29), generator=g), torch.full((3, 1), 2)], 1)
+    src[0, :4] = 1  # left padding: the pad mask reaches the packed convolutions
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = model.encode(src)
+    calls = sum(e.name == "convs2s::few_rows_kn_packed" for e in prof.events())
+    assert calls == 2 * (2 + len(model.encoder.convolutions))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model.encode(src)
+    assert not any(e.name == "convs2s::few_rows_kn_packed" for e in prof.events())
+    model.use_backend("reference")
+    with torch.no_grad():
+        ref = model.encode(src)
+    torch.testing.assert_close(got.z, ref.z, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got.y, ref.y, atol=1e-5, rtol=1e-4)

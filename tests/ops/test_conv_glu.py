@@ -55,6 +55,43 @@ def test_conv_glu_forward_and_backward_match_reference(backend, B, T, c_in, c_ou
         assert torch.all(grads[0][mask] == 0), "padded input steps get no gradient"
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "centred"])
+@pytest.mark.parametrize("backend", ["cpp", "reference"])
+@torch.no_grad()
+def test_conv_glu_with_the_packed_weight_matches_reference(backend, causal):
+    """``packed=pack_conv_step_weight(weight)`` (translating): the cpp kernel reads it where the
+    kernel choice gives it the rows, in 64-row pieces past its cap (the profiler sees the packed
+    kernel), the GEMM on the weight where not, the reference ignores it; odd channels, even and odd
+    widths, left padding, residual and scale, float64 reference."""
+    from convs2s_kernels import tune
+
+    packed_calls = lambda prof: sum(e.name == "convs2s::few_rows_kn_packed" for e in prof.events())
+    try:
+        for B, T, c_in, c_out, k in ((2, 7, 13, 7, 3), (3, 30, 40, 33, 4), (1, 5, 9, 9, 1)):
+            x, w, b, res = conv_inputs(B, T, c_in, c_out, k, torch.float32)
+            packed = ck.pack_conv_step_weight(w)
+            if packed is None:
+                assert backend == "reference", "the cpp backend packs float32 weights"
+                pytest.skip("no cpp extension: nothing packs the weight")
+            mask = torch.zeros(B, T, dtype=torch.bool)
+            mask[-1, : T // 3] = True
+            kw = dict(causal=causal, residual=res, scale=math.sqrt(0.5), pad_mask=mask)
+            want = ck.conv_glu_ref(x.double(), w.double(), b.double(), **dict(kw, residual=res.double()))
+            for on_kernel in (True, False):
+                if backend == "cpp":
+                    native = ck.extension.native()
+                    native.set_few_rows_choice(tune.FORMS["kp"], "float32", k * c_in, 2 * c_out,
+                                               [on_kernel] * native.few_rows_max())
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    got = ck.conv_glu(x, w, b, packed=packed, backend=backend, **kw)
+                assert packed_calls(prof) == (-(-B * T // 64) if on_kernel and backend == "cpp" else 0)
+                assert_close("conv_glu", got, want)
+        with pytest.raises(ValueError, match="packed is not pack_conv_step_weight"):
+            ck.conv_glu(x, w + 1, b, packed=packed, backend=backend, causal=causal)
+    finally:
+        tune.forget()
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 def test_conv_glu_gradcheck_float64(backend, causal):

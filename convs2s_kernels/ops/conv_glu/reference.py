@@ -33,13 +33,14 @@ def conv_glu_ref(
     residual: Optional[torch.Tensor] = None,
     scale: Optional[float] = None,
     pad_mask: Optional[torch.Tensor] = None,
+    packed: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Convolution of width k to 2C channels, GLU, then optionally ``(out + residual) * scale``.
 
     Shapes: ``x (B, T, C_in)``, ``weight (k, C_in, 2C)``, ``bias (2C,)``,
     ``residual (B, T, C)``, ``pad_mask (B, T)`` bool, True where the input is padding
     (those input steps are zeroed before the convolution, as fairseq's encoder does).
-    Returns ``(B, T, C)``.
+    Returns ``(B, T, C)``. ``packed`` (the cpp kernel's copy of ``weight``) is ignored.
 
     PyTorch equivalent (channels-first)::
 

@@ -10,4 +10,10 @@ from .triton_kernels import conv_glu_triton
 
 CAPABILITY = capability("conv_glu", backward=True)
 
-register("triton", "conv_glu", conv_glu_triton, CAPABILITY, conv_glu_tensors)
+
+def conv_glu_triton_op(x, weight, bias=None, *, packed=None, **kwargs):
+    """``conv_glu_triton``; ``packed`` (the cpp kernel's copy of the weight) is ignored."""
+    return conv_glu_triton(x, weight, bias, **kwargs)
+
+
+register("triton", "conv_glu", conv_glu_triton_op, CAPABILITY, conv_glu_tensors)
