@@ -25,7 +25,8 @@ from convs2s_kernels.tune import ensure as ensure_kernel_choice
 from .architectures import ConvS2SConfig
 from .encoder import EncoderOut, check_tokens
 from .fused_step import fused_layers_step, fused_step_reason, step_linear
-from .layers import NO_DISPATCH, SQRT_HALF, Linear, apply_linear, conv_stack, embedding, make_positions, residual_input
+from .layers import (NO_DISPATCH, SQRT_HALF, Linear, apply_linear, conv_stack, cpp_may_run, embedding, make_positions,
+                     residual_input)
 from .special_tokens import PAD
 from .step_shapes import fold_weight_shapes, step_weight_modules, step_weight_shapes
 
@@ -60,8 +61,7 @@ class FoldedAttention:
         # B * S rows each through the dispatched linear, on the cpp backend with both weights packed
         # as (E, C) matrices: the few-row kernel where measured faster than the GEMM for these
         # shapes (convs2s_kernels.tune; step_shapes.fold_weight_shapes), in pieces past its row cap.
-        choices = ck.requested_backends(backend)
-        packs = enc.z.device.type == "cpu" and ("auto" in choices or "cpp" in choices)  # only cpp reads them
+        packs = cpp_may_run(enc.z, backend)  # only cpp reads them
         self.z_in = ck.linear(enc.z, w_in.t(), backend=backend,
                               packed=layer.in_projection.fold_packed(transposed=True) if packs else None)  # (B, S, C)
         self.z_bias = torch.matmul(enc.z, b_in)  # (B, S)

@@ -36,6 +36,14 @@ class WeightNormed(nn.Module):
     convolutions (g is (1, 1, 2C)), 0 for legacy pre-2018 decoder convolutions (g is (k, 1, 1)).
     """
 
+    def train(self, mode: bool = True) -> "WeightNormed":
+        """Back to training: the packed copies made for inference (a validation pass makes them)
+        are dropped, since the weights will change and training never reads them."""
+        if mode:
+            self._packed = self._packed_key = None
+            self.__dict__.pop("_fold_packs", None)
+        return super().train(mode)
+
     def _init_weight_norm(self, v: torch.Tensor, dim: int, enabled: bool = True) -> None:
         self.wn_dim = dim
         if enabled:

@@ -15,7 +15,10 @@ GEMM is the faster of the two there, so a row count never runs a GEMM or kernel 
 than the reference's GEMM at its bucket. (MKL runs its AVX2 code on AMD CPUs, where oneDNN's took a
 third of its time on a Zen 5; on other CPUs the BLAS may win.) Shapes alike in form, dtype, K and N
 share one choice in the extension: within a process the first one measured or read holds (an
-encoder's fc1 and an attention fold's product of its size see the same B x S rows).
+encoder's fc1 and an attention fold's product of its size see the same B x S rows; an encoder's
+packed convolution and the decoding step's of its size, usually the encoder's, measured first,
+differ only in how much weight streams between two calls, and both are measured colder than the
+caches).
 
 Both candidates are timed side by side, in alternating blocks of calls, at row buckets 1..64, on weights as cold as a
 decoding step finds them: a step reads its whole weight set between two uses of one weight, so a

@@ -642,17 +642,26 @@ at::Tensor measured_product(const at::Tensor& x, const at::Tensor& w, const c10:
   return library_gemm(x, w, bias, w_is_nk ? Form::nk : Form::kn, w_is_nk);
 }
 
+// The pieces run one after another, each split between the threads by column blocks only: at 1024
+// rows and more a narrow weight (768 x 256: 4 blocks of 64 columns) took 1.29-1.47x the library's
+// time at AVX-512 (fconv_wmt_en_fr's conv weights 0.91-1.09x), and a library GEMM would use every
+// core of a larger machine; so the library takes the rows past 8 pieces.
+constexpr int64_t kPackedPiecesMaxRows = 8 * kSmallGemmMaxRows;
+
 at::Tensor measured_packed_product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& packed,
                                    const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(w.dim() == 2 && packed.scalar_type() == w.scalar_type(), "the packed weight must be w's, packed");
   check_packed_kn(packed, w.size(0), w.size(1));
   const auto dtype = x.scalar_type();
   const bool kernel_dtype = (dtype == at::kFloat || dtype == at::kBFloat16) && dtype == packed.scalar_type();
-  // Past the kernels' row cap: the kernel in pieces of that many rows where it was measured faster
-  // than the GEMM at the cap. fconv_wmt_en_fr's attention folds (768 x 512-4096) at 81 and 128
-  // rows, 2 threads, Zen 5: 0.84-0.90x oneDNN's time at AVX-512, 0.89-0.92x capped at AVX2; its
-  // decoding steps at 80 and 160 rows alike (0.99-1.01x, paired).
-  if (kernel_dtype && use_few_rows(Form::kp, dtype, x.size(1), w.size(1), std::min(x.size(0), kSmallGemmMaxRows)))
+  // Past the kernels' row cap, up to kPackedPiecesMaxRows: the kernel in pieces of that many rows
+  // where it was measured faster than the GEMM at the cap. fconv_wmt_en_fr's attention folds (768 x
+  // 512-4096) at 81 and 128 rows, 2 threads, Zen 5: 0.84-0.90x oneDNN's time at AVX-512, 0.89-0.92x
+  // capped at AVX2; its decoding steps at 80 and 160 rows alike (0.99-1.01x, paired); its conv
+  // weights and a 768 x 256 one at 256-512 rows 0.92-0.98x the faster library's, both levels.
+  const int64_t rows = x.size(0);
+  if (kernel_dtype && rows <= kPackedPiecesMaxRows &&
+      use_few_rows(Form::kp, dtype, x.size(1), w.size(1), std::min(rows, kSmallGemmMaxRows)))
     return small_gemm_packed(x, packed, w.size(1), bias);
   return library_gemm(x, w, bias, Form::kp, /*w_is_nk=*/false);
 }

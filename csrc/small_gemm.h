@@ -45,9 +45,9 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optio
 at::Tensor measured_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                             bool w_is_nk);
 // x @ w (+ bias) for a (K, N) weight w and its packed layout (pack_kn_weight): small_gemm_packed at
-// the row counts the kernel choice gives the packed kernel for this shape (form kp; past
-// kSmallGemmMaxRows rows, where it took kSmallGemmMaxRows), the measured library's GEMM on w at the
-// others (ATen's for any other dtype).
+// the row counts the kernel choice gives the packed kernel for this shape (form kp; from
+// kSmallGemmMaxRows to 8 x kSmallGemmMaxRows rows, where it took kSmallGemmMaxRows), the measured
+// library's GEMM on w at the others (ATen's for any other dtype).
 at::Tensor measured_packed_product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& packed,
                                    const c10::optional<at::Tensor>& bias);
 // x (M, K) float32 @ (qweight (N, K) int8 * scale (N,) per row)^T + bias: weight-only int8 for

@@ -476,21 +476,22 @@ def test_the_attention_fold_reads_both_weights_packed_on_the_kernel_chosen_for_t
 
 @torch.no_grad()
 def test_the_packed_kernel_takes_rows_past_its_cap_in_pieces_only_where_it_won_at_the_cap(fresh):
-    """Past the kernels' 64 rows, a packed product runs the kernel in 64-row pieces where the kernel
-    choice gave it 64 rows, and the GEMM where it did not; ragged sizes, equal to float32 rounding."""
+    """Past the kernels' 64 rows, a packed product runs the kernel in 64-row pieces (up to 8 of them)
+    where the kernel choice gave it 64 rows, and the GEMM where it did not or beyond 8 pieces;
+    ragged sizes, equal to float32 rounding."""
     C = native()
     K, N = 70, 130
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(N, K, generator=g) / K ** 0.5, torch.randn(N, generator=g)
     packed = ck.pack_linear_weight(w)
     cap = C.few_rows_max()
-    for at_cap, rows in ((True, 65), (True, 2 * cap + 3), (False, 2 * cap + 3)):
+    for at_cap, rows in ((True, 65), (True, 2 * cap + 3), (False, 2 * cap + 3), (True, 8 * cap), (True, 8 * cap + 1)):
         C.set_few_rows_choice(tune.FORMS["kp"], "float32", K, N, [True] * (cap - 1) + [at_cap])
         x = torch.randn(rows, K, generator=g)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             got = ck.linear(x, w, b, packed=packed, backend="cpp")
         calls = sum(e.name == "convs2s::few_rows_kn_packed" for e in prof.events())
-        assert calls == (-(-rows // cap) if at_cap else 0), (at_cap, rows)
+        assert calls == (-(-rows // cap) if at_cap and rows <= 8 * cap else 0), (at_cap, rows)
         torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), atol=2e-5, rtol=1e-4)
 
 
@@ -517,3 +518,23 @@ def test_the_encoder_reads_its_float_weights_packed_on_the_kernel_chosen_for_the
         ref = model.encode(src)
     torch.testing.assert_close(got.z, ref.z, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(got.y, ref.y, atol=1e-5, rtol=1e-4)
+
+
+def test_fold_packings_follow_the_weight_and_are_dropped_for_training(fresh):
+    """Linear.fold_packed: a new packing after the weight changes in place, none with gradients or
+    in training, and model.train() drops the copies a validation pass made."""
+    model = build_model("fconv_iwslt_de_en", 50, 60).eval()
+    proj = next(a for a in model.decoder.attention if a is not None).in_projection
+    with torch.no_grad():
+        first = proj.fold_packed(transposed=True)
+        assert torch.equal(first, ck.pack_linear_weight(proj.effective_weight().t()))
+        proj.weight_v.add_(1.0)
+        second = proj.fold_packed(transposed=True)
+        assert second is not first and torch.equal(second, ck.pack_linear_weight(proj.effective_weight().t()))
+        assert proj.fold_packed() is proj.step_packed() is not None  # W_out's layout: the step's own packing
+    model.train()  # as after a validation pass
+    assert not proj.__dict__.get("_fold_packs") and proj._packed is None
+    with torch.no_grad():
+        assert proj.fold_packed() is None  # training
+    model.eval()
+    assert proj.fold_packed(transposed=True) is None  # gradients on
