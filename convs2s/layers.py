@@ -40,8 +40,7 @@ class WeightNormed(nn.Module):
         """Back to training: the packed copies made for inference (a validation pass makes them)
         are dropped, since the weights will change and training never reads them."""
         if mode:
-            self._packed = self._packed_key = None
-            self.__dict__.pop("_fold_packs", None)
+            self._packs = {}
         return super().train(mode)
 
     def _init_weight_norm(self, v: torch.Tensor, dim: int, enabled: bool = True) -> None:
@@ -134,24 +133,37 @@ class WeightNormed(nn.Module):
         """``w`` in the layout the cpp decoding-step kernel reads (None where it cannot)."""
         raise NotImplementedError
 
-    def step_packed(self) -> Optional[torch.Tensor]:
-        """The float weight laid out once for the cpp decoding step (:meth:`_pack_for_step`: the
-        conv step's or the Linear's packing), kept until the weight changes; None with int8
-        weights, in training, under autocast (the op casts the weight, a float32 packing no longer
-        matches it), or where the cpp kernels cannot take it."""
-        if self.training:  # the weight will change: a packed copy would only hold memory while training
-            self._packed = self._packed_key = None
+    def _inference_pack(self, slot: str, pack) -> Optional[torch.Tensor]:
+        """``pack(weight)``, kept in ``slot`` until the weight changes; None in training (the copies
+        are dropped: they would only hold memory), with gradients, or under autocast (the op casts
+        the weight, a float32 packing no longer matches it)."""
+        if self.training:
+            self._packs = {}
             return None
-        if self.use_int8 or torch.is_grad_enabled():
+        if torch.is_grad_enabled():
             return None
         w = self.effective_weight()
         if torch.is_autocast_enabled(w.device.type):
             return None
         key = (w.data_ptr(), w._version, w.dtype, w.device)
-        if getattr(self, "_packed_key", None) != key:
-            self._packed = self._pack_for_step(w)
-            self._packed_key = key
-        return self._packed
+        packs = self.__dict__.setdefault("_packs", {})
+        if packs.get(slot, (None,))[0] != key:
+            packs[slot] = (key, pack(w))
+        return packs[slot][1]
+
+    @property
+    def _packed(self) -> Optional[torch.Tensor]:
+        """The step's packed copy held now (None when none is)."""
+        return self.__dict__.get("_packs", {}).get("step", (None, None))[1]
+
+    def step_packed(self) -> Optional[torch.Tensor]:
+        """The float weight laid out once for the cpp decoding step (:meth:`_pack_for_step`: the
+        conv step's or the Linear's packing), kept until the weight changes; None with int8
+        weights, in training, with gradients, under autocast, or where the cpp kernels cannot
+        take it (:meth:`_inference_pack`)."""
+        if self.use_int8:  # the step multiplies the int8 weight
+            return None
+        return self._inference_pack("step", self._pack_for_step)
 
     @torch.no_grad()
     def fold_weight_norm(self) -> None:
@@ -207,23 +219,12 @@ class Linear(WeightNormed):
 
     def fold_packed(self, transposed: bool = False) -> Optional[torch.Tensor]:
         """The float weight packed for the cpp ``linear`` outside the step, whatever the step
-        multiplies (int8 weights too): the attention fold's values times ``W_out^T``
-        (``pack_linear_weight(W)``, the step's own packing where it has one) and keys times ``W_in``
-        (``transposed``: ``pack_linear_weight(W^T)``). Kept until the weight changes; None where
-        :meth:`step_packed` gives none for other reasons than int8 weights."""
-        if self.training or torch.is_grad_enabled():
-            self._fold_packs = {}
-            return None
-        w = self.effective_weight()
-        if torch.is_autocast_enabled(w.device.type):
-            return None
-        if not transposed and not self.use_int8:
-            return self.step_packed()
-        key = (w.data_ptr(), w._version, w.dtype, w.device)
-        packs = self.__dict__.setdefault("_fold_packs", {})
-        if packs.get(transposed, (None,))[0] != key:
-            packs[transposed] = (key, ck.pack_linear_weight(w.t() if transposed else w))
-        return packs[transposed][1]
+        multiplies (int8 weights too): the attention fold's values times ``W_out^T`` (the step's
+        own packing, ``pack_linear_weight(W)``, shared) and keys times ``W_in`` (``transposed``:
+        ``pack_linear_weight(W^T)``). Kept until the weight changes (:meth:`_inference_pack`)."""
+        if transposed:
+            return self._inference_pack("transposed", lambda w: ck.pack_linear_weight(w.t()))
+        return self._inference_pack("step", self._pack_for_step)
 
     def forward(self, x: torch.Tensor, backend: Optional[str] = NO_DISPATCH) -> torch.Tensor:
         """``x W^T + b``: plain ``F.linear`` (``NO_DISPATCH``), or the dispatched ``linear`` op for a

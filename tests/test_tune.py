@@ -533,7 +533,7 @@ def test_fold_packings_follow_the_weight_and_are_dropped_for_training(fresh):
         assert second is not first and torch.equal(second, ck.pack_linear_weight(proj.effective_weight().t()))
         assert proj.fold_packed() is proj.step_packed() is not None  # W_out's layout: the step's own packing
     model.train()  # as after a validation pass
-    assert not proj.__dict__.get("_fold_packs") and proj._packed is None
+    assert not proj._packs and proj._packed is None
     with torch.no_grad():
         assert proj.fold_packed() is None  # training
     model.eval()
