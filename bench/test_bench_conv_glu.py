@@ -14,7 +14,8 @@ import torch
 
 import convs2s_kernels as ck
 
-from convs2s_bench.harness import DTYPES, record, run_timed, shapes
+from convs2s_bench.harness import DTYPES, record, rotating, run_timed, shapes
+from convs2s_kernels.tune import Shape, ensure
 
 # (B, T, C, k, causal)
 SHAPES = shapes(
@@ -23,6 +24,9 @@ SHAPES = shapes(
     smoke=[(2, 5, 16, 3, True), (2, 5, 16, 1, False)],
 )
 SQRT_HALF = math.sqrt(0.5)
+# (B, T, C): an encoder translating a batch of one to three equal-length sentences, centred k = 3
+ENCODER_SHAPES = shapes(paper=[(1, 27, 512), (2, 30, 768), (3, 25, 1024)], smoke=[(1, 5, 16)])
+TUNED_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
@@ -59,3 +63,42 @@ def test_conv_glu(benchmark, runnable, peaks, device, backend, shape, dtype_name
     moved = fwd_bytes + (bwd_bytes if grad else 0)  # the same tensors every round: resident where they fit
     record(benchmark, flops=gemm * (3 if grad else 1), bytes_moved=moved, peaks=peaks, dtype_name=dtype_name,
            working_set_bytes=moved, device=device)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("shape", [pytest.param(s, id=f"B{s[0]}_T{s[1]}_C{s[2]}") for s in ENCODER_SHAPES])
+@pytest.mark.parametrize("backend", ["reference", "cpp", "cpp-packed"])
+def test_conv_glu_translating(benchmark, runnable, peaks, device, backend, shape, dtype_name):
+    """The encoder's layer when translating: a few dozen rows against a weight met in memory.
+    ``cpp-packed``: reading ``pack_conv_step_weight(weight)``, as the encoder does; the cpp
+    variants with the kernel choice measured for their form first, as the encoder has it."""
+    B, T, C = shape
+    k, dtype = 3, DTYPES[dtype_name]
+    packing = backend == "cpp-packed"
+    backend = "cpp" if packing else backend
+    x = torch.randn(B, T, C, device=device, dtype=dtype)
+    w = (torch.randn(k, C, 2 * C, device=device) / math.sqrt(k * C)).to(dtype)
+    b = (0.1 * torch.randn(2 * C, device=device)).to(dtype)
+    res = torch.randn(B, T, C, device=device, dtype=dtype)
+    kwargs = dict(causal=False, residual=res, scale=SQRT_HALF)
+    runnable(backend, "conv_glu", x, w, b, **kwargs)
+    if backend == "cpp" and dtype in TUNED_DTYPES:
+        ensure([Shape("kp" if packing else "kn", TUNED_DTYPES[dtype], k * C, 2 * C)])
+    benchmark.group = f"conv_glu translating B{B} T{T} C{C} {dtype_name}"
+    weight = rotating(w, device)
+    packs = {}
+    for _ in range(weight.count if packing else 0):  # each copy's packing, made before the rounds
+        copy = weight()
+        packs[copy.data_ptr()] = ck.pack_conv_step_weight(copy)
+    if packing and packs[w.data_ptr()] is None:
+        pytest.skip(f"pack_conv_step_weight does not take {dtype_name}")
+
+    def run():
+        wt = weight()
+        with torch.no_grad():
+            return ck.conv_glu(x, wt, b, packed=packs.get(wt.data_ptr()), backend=backend, **kwargs)
+
+    run_timed(benchmark, run, device)
+    elem = x.element_size()
+    record(benchmark, flops=2.0 * B * T * k * C * 2 * C, bytes_moved=elem * (x.numel() + w.numel() + 2 * res.numel()),
+           peaks=peaks, dtype_name=dtype_name)
