@@ -14,7 +14,7 @@ import torch
 
 import convs2s_kernels as ck
 
-from convs2s_bench.harness import DTYPES, record, rotating, run_timed, shapes
+from convs2s_bench.harness import DTYPES, packed_copies, record, rotating, run_timed, shapes
 from convs2s_kernels.tune import Shape, ensure
 
 # (B, T, C, k, causal)
@@ -86,12 +86,7 @@ def test_conv_glu_translating(benchmark, runnable, peaks, device, backend, shape
         ensure([Shape("kp" if packing else "kn", TUNED_DTYPES[dtype], k * C, 2 * C)])
     benchmark.group = f"conv_glu translating B{B} T{T} C{C} {dtype_name}"
     weight = rotating(w, device)
-    packs = {}
-    for _ in range(weight.count if packing else 0):  # each copy's packing, made before the rounds
-        copy = weight()
-        packs[copy.data_ptr()] = ck.pack_conv_step_weight(copy)
-    if packing and packs[w.data_ptr()] is None:
-        pytest.skip(f"pack_conv_step_weight does not take {dtype_name}")
+    packs = packed_copies(weight, ck.pack_conv_step_weight, dtype_name, enabled=packing)
 
     def run():
         wt = weight()

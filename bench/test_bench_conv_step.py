@@ -11,7 +11,7 @@ import torch
 
 import convs2s_kernels as ck
 
-from convs2s_bench.harness import DTYPES, record, rotating, run_timed, shapes
+from convs2s_bench.harness import DTYPES, packed_copies, record, rotating, run_timed, shapes
 
 # (rows N = batch x beam, C_in = C): one sentence greedy, one sentence beam 5, 32 sentences x beam 5.
 SHAPES = [pytest.param(n, c, id=f"N{n}_C{c}")
@@ -35,12 +35,7 @@ def test_conv_step(benchmark, runnable, peaks, device, backend, n, c, dtype_name
     runnable(backend, "conv_step", x_t, state, w, b, parents)
     benchmark.group = f"conv_step N{n} C{c} {dtype_name}"
     weight = rotating(w, device)  # a decoding step meets its weight in memory, not in cache
-    packs = {}
-    for _ in range(weight.count if packing else 0):  # each copy's packing, made before the rounds
-        copy = weight()
-        packs[copy.data_ptr()] = ck.pack_conv_step_weight(copy)
-    if packing and packs[w.data_ptr()] is None:
-        pytest.skip(f"pack_conv_step_weight does not take {dtype_name}")
+    packs = packed_copies(weight, ck.pack_conv_step_weight, dtype_name, enabled=packing)
 
     def step():
         wt = weight()

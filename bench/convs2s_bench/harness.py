@@ -84,6 +84,20 @@ def rotating(tensor: torch.Tensor, device: torch.device):
     return next_copy
 
 
+def packed_copies(weight, pack, dtype_name: str, enabled: bool = True) -> dict:
+    """``{data_ptr: pack(copy)}`` for every copy a :func:`rotating` ``weight`` hands out, made before
+    the rounds (empty unless ``enabled``); skips the benchmark where ``pack`` takes no such weight."""
+    import pytest
+
+    packs = {}
+    for _ in range(weight.count if enabled else 0):
+        copy = weight()
+        packs[copy.data_ptr()] = pack(copy)
+    if enabled and None in packs.values():
+        pytest.skip(f"{pack.__name__} does not take {dtype_name}")
+    return packs
+
+
 def run_timed(benchmark, fn, device: torch.device):
     """Warm up once outside the rounds, then time ``fn`` (synchronising the GPU every round)."""
     def call():
