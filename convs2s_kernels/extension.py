@@ -28,8 +28,11 @@ try:
     _IMPORT_ERROR: Optional[str] = None
 except ImportError as exc:  # not built, or built against another torch
     _C = None
+    # Python words a module that is not there as a "circular import" (the package is half
+    # initialised at this point): say plainly when no build of the extension is present
+    _BUILT = any(name.startswith("_C.") for name in os.listdir(os.path.dirname(os.path.abspath(__file__))))
     _IMPORT_ERROR = (
-        f"the C++ extension convs2s_kernels._C could not be imported ({exc}); "
+        f"the C++ extension convs2s_kernels._C could not be imported ({exc if _BUILT else 'it is not built'}); "
         "build it with `pip install --no-build-isolation -e .` from the repository root"
     )
 

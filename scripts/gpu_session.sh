@@ -1,34 +1,44 @@
 #!/usr/bin/env bash
 # What to run when a GPU is lent (the device tool runs this in a copy of the checkout; its machine
-# has its own CUDA torch, Triton, pytest and pytest-timeout, no network, no C++ extension):
-#   bash scripts/gpu_session.sh tests   # the whole suite on the GPU, each test under a time limit (<= 10 min)
-#   bash scripts/gpu_session.sh speed   # the full-set speed table, bf16 fconv_wmt_en_fr, Triton, beams 1 and 5,
-#                                       # CUDA graphs on, then off (issue 18's targets: <= 8 s and <= 12 s)
+# has its own CUDA torch, Triton, pytest and pytest-timeout, no network, no C++ extension).
+#   bash scripts/gpu_session.sh lease   # fits a 15-minute lease (~5 min on an H200, 2026-11-26): the CUDA-graph
+#                                       # n-best tests, the full-set speed table (bf16, Triton, folded, beams 1 and 5,
+#                                       # CUDA graphs on), the Triton model tests on CUDA, then the GPU-marked tests
+#   bash scripts/gpu_session.sh speed   # the speed table with the reference beside Triton, then Triton eager (~3 min)
+#   bash scripts/gpu_session.sh profile # bench/gpu_batch_profile.py: one 128-sentence batch, graph and eager (~1 min)
 # Everything it writes goes to $OUT (the device tool brings that folder back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD
+export PYTHONPATH=$PWD:$PWD/bench PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/convs2s-gpu}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+case "${1:-}" in lease|speed|profile) ;; *) echo "usage: bash scripts/gpu_session.sh lease|speed|profile" >&2; exit 2 ;; esac
+start=$(date +%s)
+elapsed() { echo $(( $(date +%s) - start )); }
+nvidia-smi -L
 "$PY" -m convs2s_kernels.env > "$OUT/env.txt" 2>&1
+speed_table() {  # time limit (s), name, then the table's own options
+  local limit=$1 name=$2; shift 2
+  timeout "$limit" "$PY" -m convs2s bench speed-table --device cuda --full --dtype bf16 --decoders folded --repeats 1 \
+    --json "$OUT/$name.json" "$@" > "$OUT/$name.md" 2> "$OUT/$name.err"
+  echo "exit $? at $(elapsed) s"; grep '^repeat' "$OUT/$name.err"
+}
 case "${1:-}" in
-  tests)
-    start=$(date +%s)
-    timeout 570 "$PY" -m pytest tests -q -p no:cacheprovider --timeout 120 --durations=30 \
-      --junitxml="$OUT/tests.xml" > "$OUT/tests.txt" 2>&1
-    echo "exit $? after $(( $(date +%s) - start )) s" >> "$OUT/tests.txt"
-    tail -40 "$OUT/tests.txt" ;;
+  lease)
+    timeout 140 "$PY" -m pytest tests/test_step_graph.py -q -p no:cacheprovider --timeout 110 -rfE \
+      > "$OUT/tests-step-graph.txt" 2>&1
+    echo "step-graph tests: exit $? at $(elapsed) s"; tail -1 "$OUT/tests-step-graph.txt"
+    speed_table 240 speed-table-triton-graph --backends triton --beams 1,5
+    timeout 150 "$PY" -m pytest tests/test_triton_model.py -p no:cacheprovider --timeout 120 -v -rfE \
+      > "$OUT/tests-triton-model.txt" 2>&1
+    echo "triton model tests: exit $? at $(elapsed) s"; tail -1 "$OUT/tests-triton-model.txt"
+    timeout $(( 550 - $(elapsed) )) "$PY" -m pytest tests -m gpu -p no:cacheprovider --timeout 90 -v -rfE \
+      --durations=15 > "$OUT/tests-gpu-marked.txt" 2>&1
+    echo "gpu-marked tests: exit $? at $(elapsed) s"; tail -1 "$OUT/tests-gpu-marked.txt" ;;
   speed)
-    for graph in "" "--no-cuda-graph"; do
-      name=speed-table-full-bf16-triton${graph:+-eager}
-      timeout 280 "$PY" -m convs2s bench speed-table --device cuda --full --backends triton --dtype bf16 \
-        --decoders folded --beams 1,5 --repeats 1 $graph --json "$OUT/$name.json" > "$OUT/$name.md" 2>&1
-      echo "exit $?" >> "$OUT/$name.md"
-      head -12 "$OUT/$name.md"
-    done ;;
-  *)
-    echo "usage: bash scripts/gpu_session.sh tests|speed" >&2
-    exit 2 ;;
+    speed_table 250 speed-table-reference-triton-graph --backends reference,triton --beams 1,5
+    speed_table 170 speed-table-triton-eager --backends triton --beams 5 --no-cuda-graph ;;
+  profile)
+    timeout 200 "$PY" bench/gpu_batch_profile.py --out "$OUT" ;;
 esac

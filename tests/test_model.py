@@ -1,6 +1,8 @@
 """The ConvS2S model: fairseq equivalence, incremental decoding, padding, init, sizes and errors."""
 
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -301,6 +303,23 @@ def test_package_works_without_the_extension(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("OK")
+
+
+def test_an_unbuilt_extension_is_reported_as_not_built(tmp_path):
+    """A checkout with no build of ``_C`` (as on a GPU machine that got the sources alone) says so,
+    not Python's "partially initialized module ... circular import" wording."""
+    import shutil
+    import subprocess
+    import sys
+
+    package = Path(__file__).resolve().parent.parent / "convs2s_kernels"
+    shutil.copytree(package, tmp_path / "convs2s_kernels", ignore=shutil.ignore_patterns("_C.*", "__pycache__"))
+    code = ("import convs2s_kernels as ck\n"
+            "print(ck.available_backends()['cpp'])\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    assert "it is not built" in res.stdout and "circular" not in res.stdout, res.stdout
 
 
 @pytest.mark.parametrize("activations", ["int8", "int7", "float"])

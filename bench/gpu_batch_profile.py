@@ -1,0 +1,63 @@
+"""Where one CUDA decode of a full batch spends its time, with and without the step's CUDA graph.
+
+Run on a GPU machine from the repository root (``PYTHONPATH=.:bench``):
+``python3 bench/gpu_batch_profile.py [--backend triton] [--out DIR]``. It decodes 128 random
+sentences of 25 subwords at beam 5 with 28 forced target subwords (the full set's largest batch
+shape) with fconv_wmt_en_fr in bf16, prints the batch's wall time and the spacing of the step hook,
+and writes a ``torch.profiler`` table per mode (CUDA time, then self CPU time) to ``DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import convs2s
+
+
+def time_batch(model, sources, graph: bool, **kw) -> str:
+    stamps = []
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    convs2s.generate(model, sources, cuda_graph=graph, step_hook=lambda _: stamps.append(time.perf_counter()), **kw)
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    gaps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
+    return (f"cuda_graph={graph}: batch {1e3 * (t1 - t0):.1f} ms, {len(stamps)} step hooks, "
+            f"hook gap median {1e3 * gaps[len(gaps) // 2]:.2f} ms (min {1e3 * gaps[0]:.2f}, max {1e3 * gaps[-1]:.2f}), "
+            f"{1e3 * (t1 - stamps[-1]):.1f} ms from the last hook to the end")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="triton")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_batch_profile: no CUDA device here")
+    torch.manual_seed(0)
+    model = convs2s.build_model("fconv_wmt_en_fr", 40000, 40000).eval().to("cuda", torch.bfloat16)
+    model.use_backend(args.backend)
+    sources = torch.randint(10, 40000, (128, 25)).tolist()
+    kw = dict(beam=5, forced_length=[28] * 128, fold_attention=True)
+    for graph in (True, False):
+        for _ in range(2):  # tune, compile, record
+            convs2s.generate(model, sources, cuda_graph=graph, **kw)
+        print(time_batch(model, sources, graph, **kw), flush=True)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            convs2s.generate(model, sources, cuda_graph=graph, **kw)
+            torch.cuda.synchronize()
+        table = prof.key_averages()
+        path = os.path.join(args.out, f"profile-batch128-beam5-{'graph' if graph else 'eager'}.txt")
+        with open(path, "w") as f:
+            f.write(table.table(sort_by="cuda_time_total", row_limit=40) + "\n\n")
+            f.write(table.table(sort_by="self_cpu_time_total", row_limit=30))
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
