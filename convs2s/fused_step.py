@@ -54,12 +54,13 @@ def _layer_weights(decoder) -> List[dict]:
         conv_w, conv_s = _weights(conv)
         entry = dict(conv_weight=conv_w, conv_scale=conv_s, conv_bias=conv.bias, residual=r,
                      int8_activations=conv_s is not None and conv.int8_activations,
-                     activation_bits=conv.int8_activation_bits,
+                     activation_bits=conv.int8_activation_bits, weight_bits=conv.int8_weight_bits,
                      conv_packed=conv.int8_extra().get("packed") if conv_s is not None else conv.step_packed())
         if proj is not None:
             proj_w, proj_s = _weights(proj)
             if proj_s is not None and (conv_s is None or proj.int8_activations != conv.int8_activations
-                                       or proj.int8_activation_bits != conv.int8_activation_bits):
+                                       or proj.int8_activation_bits != conv.int8_activation_bits
+                                       or proj.int8_weight_bits != conv.int8_weight_bits):
                 raise ValueError("the one-call step takes one int8 setting per layer: quantise the projection and "
                                  "the convolution alike (ConvS2SModel.quantize_decoder_int8)")
             entry.update(proj_weight=proj_w, proj_scale=proj_s, proj_bias=proj.bias,

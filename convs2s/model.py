@@ -127,34 +127,42 @@ class ConvS2SModel(nn.Module):
                 m.fold_weight_norm()
         return self
 
-    def quantize_decoder_int8(self, enabled: bool = True, *, activations: str = "int8") -> "ConvS2SModel":
+    def quantize_decoder_int8(self, enabled: bool = True, *, activations: str = "int8",
+                              weight_bits: int = 8) -> "ConvS2SModel":
         """int8 decoding steps (``decode_step``, ``generate``): every decoder linear layer and
         convolution multiplies by its weight quantised per output row (a quarter of float32's
         bytes to stream). ``activations="int8"`` quantises each row of its input too and runs
         integer dot products (:func:`convs2s_kernels.linear_w8a8`); ``"int7"`` quantises the rows
         to 7 bits ([-63, 63]), which AVX2 CPUs without VNNI multiply with fewer instructions;
         ``"float"`` keeps float32 activations and sums (weight-only,
-        :func:`convs2s_kernels.linear_int8`). The parameters and the full forward (training,
-        scoring) are untouched; ``enabled=False`` turns it off."""
-        return self._quantize_int8(self.decoder, enabled, activations)
+        :func:`convs2s_kernels.linear_int8`). ``weight_bits=7`` quantises the weights to [-63, 63]
+        instead of [-127, 127], twice as coarse: with ``"int7"`` activations the AVX2 kernel then adds
+        two products' pairs before widening them (fewer instructions; no change with VNNI). The
+        parameters and the full forward (training, scoring) are untouched; ``enabled=False`` turns it
+        off."""
+        return self._quantize_int8(self.decoder, enabled, activations, weight_bits)
 
-    def quantize_encoder_int8(self, enabled: bool = True, *, activations: str = "int8") -> "ConvS2SModel":
+    def quantize_encoder_int8(self, enabled: bool = True, *, activations: str = "int8",
+                              weight_bits: int = 8) -> "ConvS2SModel":
         """The same for the encoder whenever it runs without gradients (``encode`` and the full
         forward under ``torch.no_grad``: translating, scoring, validation): its linear layers and
         convolutions (each step's window of inputs one row of the int8 product,
         :meth:`ConvTBCWeight.int8_sequence`). Training and anything with gradients keep float32.
         ``activations="float"`` is allowed but slow: past the few-row kernels' 64 rows,
-        ``linear_int8`` turns each weight back into float32 per call."""
-        return self._quantize_int8(self.encoder, enabled, activations)
+        ``linear_int8`` turns each weight back into float32 per call. ``weight_bits`` as for the decoder."""
+        return self._quantize_int8(self.encoder, enabled, activations, weight_bits)
 
-    def _quantize_int8(self, part: nn.Module, enabled: bool, activations: str) -> "ConvS2SModel":
+    def _quantize_int8(self, part: nn.Module, enabled: bool, activations: str, weight_bits: int) -> "ConvS2SModel":
         if activations not in INT8_ACTIVATIONS:
             raise ValueError(f"activations must be one of {', '.join(map(repr, INT8_ACTIVATIONS))}, got {activations!r}")
+        if isinstance(weight_bits, bool) or weight_bits not in (8, 7):
+            raise ValueError(f"weight_bits must be 8 or 7, got {weight_bits!r}")
         for m in part.modules():
             if isinstance(m, WeightNormed):
                 m.use_int8 = enabled
                 m.int8_activations = activations != "float"
                 m.int8_activation_bits = 7 if activations == "int7" else 8
+                m.int8_weight_bits = int(weight_bits)
         return self
 
     def num_parameters(self) -> int:

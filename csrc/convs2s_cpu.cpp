@@ -105,8 +105,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fma_peak_gflops", &convs2s::fma_peak_gflops, "GFLOP/s of register-only multiply-adds on every thread, "
         "at the kernels' instruction set (the machine's compute limit)", py::arg("iters") = 20000000);
   m.def("int8_dot_peak_gops", &convs2s::int8_dot_peak_gops, "GOP/s of register-only exact int8 dot products on every "
-        "thread, in the instructions linear_w8a8's kernels use for activation_bits (0 where they have none)",
-        py::arg("iters") = 20000000, py::arg("activation_bits") = 8);
+        "thread, in the instructions linear_w8a8's kernels use for activation_bits and weight_bits (0 where they "
+        "have none)", py::arg("iters") = 20000000, py::arg("activation_bits") = 8, py::arg("weight_bits") = 8);
   m.def("huge_page_copy", &convs2s::huge_page_copy, "a contiguous copy of a CPU tensor on 2 MB transparent huge pages "
         "(advised; ordinary memory where the kernel grants none, or under 2 MB)", py::arg("t"));
   m.def("pack_kn_weight", &convs2s::pack_kn_weight, "a (K, N) weight in small_gemm_kn_packed's layout", py::arg("w"));
@@ -124,12 +124,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_w8a8", &convs2s::linear_w8a8,
         "x quantised per row to int8, times qweight (N, K) int8 with a float32 scale per row, plus bias",
         py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"), py::arg("packed") = py::none(),
-        py::arg("activation_bits") = 8);
+        py::arg("activation_bits") = 8, py::arg("weight_bits") = 8);
   m.def("linear_w8a8_with", &convs2s::linear_w8a8_with,
         "linear_w8a8 on a named kernel (3: AMX-INT8 on a packed weight, 2: the library's int8 GEMM, 1: packed "
         "blocks, 0: reducing, -1: chosen by rows, K, the packed weight, AMX and the library's exactness; for measuring)",
         py::arg("x"), py::arg("qweight"), py::arg("scale"), py::arg("bias"), py::arg("kernel"),
-        py::arg("packed") = py::none(), py::arg("activation_bits") = 8);
+        py::arg("packed") = py::none(), py::arg("activation_bits") = 8, py::arg("weight_bits") = 8);
   m.def("linear_w8a8_isa", &convs2s::linear_w8a8_isa, "the kernel linear_w8a8 runs on this CPU");
   m.def("linear_w8a8_library_exact", &convs2s::linear_w8a8_library_exact,
         "whether the math library's int8 GEMM sums exactly here (linear_w8a8 may then take it: see linear_w8a8_kernel)");
@@ -141,7 +141,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_w8a8_alternative", &convs2s::linear_w8a8_alternative,
         "what a measured int8 choice runs where the packed kernel lost: 2 (the library, where exact) or 0 (reducing)");
   m.def("decoder_layers_step", &convs2s::decoder_layers_step,
-        "every decoder layer of one step (folded attention) in one call: (x, attn or None, *new_states)");
+        "every decoder layer of one step (folded attention) in one call: (x, attn or None, *new_states); the "
+        "int8 layers' activation_bits and weight_bits per layer (0 in activation_bits: float activations)");
   m.def("small_gemm_isa", &convs2s::small_gemm_isa, "instruction set of the few-row kernels on this CPU");
   m.def("attention_forward", &convs2s::attention_forward,
         "sqrt(s) * softmax(q z^T) y over valid source steps; returns (context, p_scaled)", py::arg("q"),

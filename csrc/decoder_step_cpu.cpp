@@ -26,12 +26,14 @@ namespace {
 constexpr double kSqrtHalf = 0.70710678118654752440;
 
 // x @ w.T + b for an nn.Linear-layout weight (N, K), or int8 rows with their scale (x quantised
-// per row too to x_bits, 8 or 7, where x_bits > 0; float x at 0; packed: the int8 weight in
+// per row too to x_bits, 8 or 7, where x_bits > 0; float x at 0; w_bits: the int8 weight's range,
+// 8 or 7 bits (linear_w8a8's weight_bits); packed: the int8 weight in
 // pack_w8a8_weight's layout, or for a float weight w.T in pack_kn_weight's, or none).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& scale,
-                  const c10::optional<at::Tensor>& bias, int64_t x_bits, const c10::optional<at::Tensor>& packed) {
+                  const c10::optional<at::Tensor>& bias, int64_t x_bits, int64_t w_bits,
+                  const c10::optional<at::Tensor>& packed) {
   if (scale.has_value())
-    return x_bits > 0 ? linear_w8a8(x, w, *scale, bias, packed, x_bits) : small_gemm_int8(x, w, *scale, bias);
+    return x_bits > 0 ? linear_w8a8(x, w, *scale, bias, packed, x_bits, w_bits) : small_gemm_int8(x, w, *scale, bias);
   if (packed.has_value()) return measured_packed_product(x, w.t(), *packed, bias);  // pack_kn_weight(w.t())
   return measured_product(x, w, bias, /*w_is_nk=*/true);
 }
@@ -42,13 +44,13 @@ std::pair<at::Tensor, at::Tensor> conv_step(const at::Tensor& x, const at::Tenso
                                             const c10::optional<at::Tensor>& scale,
                                             const c10::optional<at::Tensor>& bias,
                                             const c10::optional<at::Tensor>& parents, int64_t x_bits,
-                                            const c10::optional<at::Tensor>& packed) {
+                                            int64_t w_bits, const c10::optional<at::Tensor>& packed) {
   if (!scale.has_value()) {  // packed: the float weight in pack_kn_weight's layout, or none
     auto out = conv_step_forward(x, state, w, bias, parents, packed);
     return {out[0], out[1]};
   }
   const at::Tensor window = conv_window(x, state, parents);
-  const at::Tensor pre = linear(window.view({window.size(0), -1}), w, scale, bias, x_bits, packed);
+  const at::Tensor pre = linear(window.view({window.size(0), -1}), w, scale, bias, x_bits, w_bits, packed);
   // float32 rows: the conv kernels' GLU pass (one loop, no dispatch) instead of ATen's; bf16 keeps
   // ATen's, whose rounding the Python loop shares (the one-call step equals it exactly there)
   return {pre.scalar_type() == at::kFloat ? glu_rows(pre) : at::glu(pre, -1), window.slice(1, 1)};
@@ -141,9 +143,10 @@ std::vector<at::Tensor> decoder_layers_step(
     const std::vector<c10::optional<at::Tensor>>& z_in, const std::vector<c10::optional<at::Tensor>>& z_bias,
     const std::vector<c10::optional<at::Tensor>>& y_out, const std::vector<c10::optional<at::Tensor>>& b_out,
     const at::Tensor& pad_mask, const at::Tensor& src_scale, bool need_attn, const std::vector<int64_t>& activation_bits,
-    const std::vector<c10::optional<at::Tensor>>& conv_packed, const std::vector<c10::optional<at::Tensor>>& proj_packed) {
+    const std::vector<c10::optional<at::Tensor>>& conv_packed, const std::vector<c10::optional<at::Tensor>>& proj_packed,
+    const std::vector<int64_t>& weight_bits) {
   const size_t L = conv_w.size();
-  TORCH_CHECK(states.size() == L && activation_bits.size() == L && conv_packed.size() == L && proj_packed.size() == L && conv_scale.size() == L && conv_b.size() == L && residual.size() == L &&
+  TORCH_CHECK(states.size() == L && activation_bits.size() == L && weight_bits.size() == L && conv_packed.size() == L && proj_packed.size() == L && conv_scale.size() == L && conv_b.size() == L && residual.size() == L &&
                   proj_w.size() == L && proj_scale.size() == L && proj_b.size() == L && z_in.size() == L &&
                   z_bias.size() == L && y_out.size() == L && b_out.size() == L,
               "decoder_layers_step: every per-layer list needs one entry per layer (", L, ")");
@@ -164,10 +167,11 @@ std::vector<at::Tensor> decoder_layers_step(
     if (residual[i] > 0) {
       TORCH_CHECK(residual[i] <= static_cast<int64_t>(residuals.size()), "layer ", i, ": residual reaches too far");
       res = residuals[residuals.size() - residual[i]];
-      if (proj_w[i].has_value()) res = linear(res, *proj_w[i], proj_scale[i], proj_b[i], activation_bits[i], proj_packed[i]);
+      if (proj_w[i].has_value())
+        res = linear(res, *proj_w[i], proj_scale[i], proj_b[i], activation_bits[i], weight_bits[i], proj_packed[i]);
     }
     auto stepped = conv_step(x, states[i], conv_w[i], conv_scale[i], conv_b[i], parents, activation_bits[i],
-                             conv_packed[i]);
+                             weight_bits[i], conv_packed[i]);
     x = stepped.first;
     new_states.push_back(stepped.second);
     const bool fast_attention = x.scalar_type() == at::kFloat && beam >= 1 && beam <= kSmallGemmMaxRows &&

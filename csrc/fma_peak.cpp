@@ -98,7 +98,7 @@ int per_round(Isa isa) { return isa == Isa::avx512 ? kChainsFor<20> * 16 : isa =
 constexpr int kDotChainsVnni = kChainsFor<20>, kDotChainsAvx2 = 8;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dot_vnni(int64_t iters, bool /*seven: vpdpbusd takes either alike*/) {
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dot_vnni(int64_t iters, int /*mode: vpdpbusd takes any alike*/) {
   constexpr int kChains = kDotChainsVnni;
   __m512i acc[kChains];
   const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-5);
@@ -123,10 +123,19 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dot_vnni(int64_t 
   "vpmaddubsw %%ymm1, %%ymm0, %%ymm3\n\t"                        \
   "vpmaddwd %%ymm2, %%ymm3, %%ymm3\n\t"                          \
   "vpaddd %%ymm3, %%ymm" #acc ", %%ymm" #acc "\n\t"
+// 7-bit activations and 7-bit weights (avx2_packed7_tile with kPairs): two groups' pairs added in int16, then
+// one widening: 64 multiply-adds a group.
+#define CONVS2S_DOT77_GROUP(acc)                               \
+  "vpmaddubsw %%ymm1, %%ymm0, %%ymm3\n\t"                        \
+  "vpmaddubsw %%ymm1, %%ymm0, %%ymm4\n\t"                        \
+  "vpaddw %%ymm4, %%ymm3, %%ymm3\n\t"                            \
+  "vpmaddwd %%ymm2, %%ymm3, %%ymm3\n\t"                          \
+  "vpaddd %%ymm3, %%ymm" #acc ", %%ymm" #acc "\n\t"
 #define CONVS2S_DOT_LOOP(GROUP)                                                                        \
   "1:\n\t" GROUP(8) GROUP(9) GROUP(10) GROUP(11) GROUP(12) GROUP(13) GROUP(14) GROUP(15) "dec %[n]\n\t" \
   "jnz 1b\n\t"
-__attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters, bool seven) {
+// mode: 0 8-bit activations, 1 7-bit, 2 7-bit activations and weights
+__attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters, int mode) {
   alignas(32) int32_t out[kDotChainsAvx2 * 8] = {};
   if (iters > 0)
     asm volatile(
@@ -137,12 +146,16 @@ __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters, bool seven) {
         "vpxor %%ymm10, %%ymm10, %%ymm10\n\t" "vpxor %%ymm11, %%ymm11, %%ymm11\n\t"
         "vpxor %%ymm12, %%ymm12, %%ymm12\n\t" "vpxor %%ymm13, %%ymm13, %%ymm13\n\t"
         "vpxor %%ymm14, %%ymm14, %%ymm14\n\t" "vpxor %%ymm15, %%ymm15, %%ymm15\n\t"
-        "test %[seven], %[seven]\n\t"
-        "jnz 2f\n\t"
+        "cmp $1, %[mode]\n\t"
+        "je 2f\n\t"
+        "ja 4f\n\t"
         CONVS2S_DOT_LOOP(CONVS2S_DOT_GROUP)
         "jmp 3f\n\t"
         "2:\n\t"
         CONVS2S_DOT_LOOP(CONVS2S_DOT7_GROUP)
+        "jmp 3f\n\t"
+        "4:\n\t"
+        CONVS2S_DOT_LOOP(CONVS2S_DOT77_GROUP)
         "3:\n\t"
         "vmovdqa %%ymm8, (%[out])\n\t" "vmovdqa %%ymm9, 32(%[out])\n\t"
         "vmovdqa %%ymm10, 64(%[out])\n\t" "vmovdqa %%ymm11, 96(%[out])\n\t"
@@ -150,7 +163,7 @@ __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters, bool seven) {
         "vmovdqa %%ymm14, 192(%[out])\n\t" "vmovdqa %%ymm15, 224(%[out])\n\t"
         "vzeroupper\n\t"
         : [n] "+r"(iters)
-        : [out] "r"(out), [seven] "r"(int64_t(seven))
+        : [out] "r"(out), [mode] "r"(int64_t(mode))
         // vzeroupper clears the upper halves of every ymm register, so all sixteen are clobbered
         : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
           "xmm13", "xmm14", "xmm15", "cc", "memory");
@@ -160,6 +173,7 @@ __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters, bool seven) {
 }
 #undef CONVS2S_DOT_LOOP
 #undef CONVS2S_DOT7_GROUP
+#undef CONVS2S_DOT77_GROUP
 #undef CONVS2S_DOT_GROUP
 #endif
 
@@ -167,16 +181,17 @@ __attribute__((target("avx2"))) int64_t dot_avx2(int64_t iters, bool seven) {
 // none where they have no SIMD dot product (the baseline's plain integer loops have no register
 // rate to speak of).
 struct DotLoop {
-  int64_t (*run)(int64_t iters, bool seven);  // seven: the group for 7-bit activations
-  int per_round;
+  int64_t (*run)(int64_t iters, int mode);  // mode: dot_avx2's (the group for 7-bit activations, weights)
+  int per_round;       // multiply-adds a round of one thread, with the 8-bit group
+  bool paired_groups;  // mode 2 does twice the multiply-adds a group (AVX2's 7-bit pairs)
 };
 
 DotLoop dot_loop() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (kernel_has_vnni()) return {dot_vnni, kDotChainsVnni * 64};
-  if (kernel_isa() != Isa::base) return {dot_avx2, kDotChainsAvx2 * 32};
+  if (kernel_has_vnni()) return {dot_vnni, kDotChainsVnni * 64, false};
+  if (kernel_isa() != Isa::base) return {dot_avx2, kDotChainsAvx2 * 32, true};
 #endif
-  return {nullptr, 0};
+  return {nullptr, 0, false};
 }
 
 // Seconds that `body` takes on every thread at once.
@@ -191,16 +206,20 @@ template <typename F> double seconds_on_every_thread(const F& body) {
 
 }  // namespace
 
-double int8_dot_peak_gops(int64_t iters, int64_t activation_bits) {
+double int8_dot_peak_gops(int64_t iters, int64_t activation_bits, int64_t weight_bits) {
   TORCH_CHECK(iters >= 1, "int8_dot_peak_gops: iters must be positive");
   TORCH_CHECK(activation_bits == 8 || activation_bits == 7, "int8_dot_peak_gops: activation_bits must be 8 or 7, got ",
               activation_bits);
+  TORCH_CHECK(weight_bits == 8 || weight_bits == 7, "int8_dot_peak_gops: weight_bits must be 8 or 7, got ", weight_bits);
   const DotLoop loop = dot_loop();
   if (!loop.run) return 0.0;
+  // the kernels pair groups only with 7-bit activations and weights (linear_w8a8_cpu.cpp)
+  const int mode = activation_bits == 8 ? 0 : weight_bits == 8 ? 1 : 2;
   std::atomic<int64_t> sink{0};  // the results are used, so the loops are not removed
-  const double secs = seconds_on_every_thread([&] { sink += loop.run(iters, activation_bits == 7); });
+  const double secs = seconds_on_every_thread([&] { sink += loop.run(iters, mode); });
   TORCH_CHECK(sink.load() != 0, "int8_dot_peak_gops: the loops produced nothing");
-  return 2.0 * double(iters) * loop.per_round * at::get_num_threads() / secs / 1e9;
+  const int per_round = loop.per_round * (mode == 2 && loop.paired_groups ? 2 : 1);
+  return 2.0 * double(iters) * per_round * at::get_num_threads() / secs / 1e9;
 }
 
 double fma_peak_gflops(int64_t iters) {

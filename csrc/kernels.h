@@ -17,7 +17,8 @@ std::vector<at::Tensor> decoder_layers_step(
     const std::vector<c10::optional<at::Tensor>>& z_in, const std::vector<c10::optional<at::Tensor>>& z_bias,
     const std::vector<c10::optional<at::Tensor>>& y_out, const std::vector<c10::optional<at::Tensor>>& b_out,
     const at::Tensor& pad_mask, const at::Tensor& src_scale, bool need_attn, const std::vector<int64_t>& activation_bits,
-    const std::vector<c10::optional<at::Tensor>>& conv_packed, const std::vector<c10::optional<at::Tensor>>& proj_packed);
+    const std::vector<c10::optional<at::Tensor>>& conv_packed, const std::vector<c10::optional<at::Tensor>>& proj_packed,
+    const std::vector<int64_t>& weight_bits);
 std::vector<at::Tensor> beam_candidates(const at::Tensor& logits, const c10::optional<at::Tensor>& prev_scores,
                                         int64_t beam, int64_t step, int64_t max_len, int64_t min_len, double unkpen,
                                         const c10::optional<at::Tensor>& forced_len,
@@ -35,8 +36,9 @@ std::vector<at::Tensor> beam_update(const at::Tensor& cand_scores, const at::Ten
 double fma_peak_gflops(int64_t iters);
 // GOP/s (2 per multiply-add) of register-only exact int8 dot products on every thread, in the
 // instructions linear_w8a8's kernels use for activation_bits (VNNI, or AVX2's vpmaddubsw sequence,
-// shorter for 7-bit activations); 0 on the baseline.
-double int8_dot_peak_gops(int64_t iters, int64_t activation_bits = 8);
+// shorter for 7-bit activations, two groups' pairs added before widening with 7-bit weights too); 0
+// on the baseline.
+double int8_dot_peak_gops(int64_t iters, int64_t activation_bits = 8, int64_t weight_bits = 8);
 // The conv step's input window (N, k, C_in): state rows gathered by beam_index (or in order),
 // shifted, x_t appended; the new state is its last k - 1 steps.
 at::Tensor conv_window(const at::Tensor& x_t, const at::Tensor& state, const c10::optional<at::Tensor>& beam_index);
@@ -59,17 +61,20 @@ std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tens
 // x (M, K) float32 quantised per row, times qweight (N, K) int8 with scale (N,): linear_w8a8_cpu.cpp.
 // packed: the same weight in pack_w8a8_weight's layout (64-column blocks, 4 k per column), which
 // the packed kernels read instead of packing per call. activation_bits: 8 (x quantised to
-// [-127, 127]) or 7 ([-63, 63]: the AVX2 packed kernel then needs no sign moves).
+// [-127, 127]) or 7 ([-63, 63]: the AVX2 packed kernel then needs no sign moves). weight_bits 7
+// says every weight lies in [-63, 63] (the caller checked it): with 7-bit activations the AVX2
+// packed kernel then adds two groups' pairs in int16 before widening them.
 at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& packed,
-                       int64_t activation_bits = 8);
+                       int64_t activation_bits = 8, int64_t weight_bits = 8);
 // The same on a named kernel (3 AMX-INT8 tiles, which need a packed weight and AMX; 2 the math
 // library's int8 GEMM; 1 the packed-block kernel, packing per call without a packed weight; 0 the
 // reducing one; -1 by rows, K, packed, AMX and whether the library's sums are exact here); the
 // baseline has one kernel. For tests and measuring.
 at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                             const c10::optional<at::Tensor>& bias, int64_t kernel,
-                            const c10::optional<at::Tensor>& packed, int64_t activation_bits = 8);
+                            const c10::optional<at::Tensor>& packed, int64_t activation_bits = 8,
+                            int64_t weight_bits = 8);
 // "amx-int8", "avx512-vnni", "avx2" or "baseline": the kernel linear_w8a8 runs on this CPU.
 const char* linear_w8a8_isa();
 // Whether the math library's int8 GEMM gives exact sums here (then linear_w8a8 may use it, at the

@@ -23,6 +23,10 @@
 //   products is at most 2 * 127 * 127 < 2^15 without vpsignb, and subtracts 64 * sum_k w[n, k] at
 //   the end (the weight sums from the packed weight): 3 instructions per 32 multiply-adds, not 4.
 //   The padding past K is 64 in that copy and 0 in the weight, so it adds nothing.
+// * With 7-bit weights too (weight_bits 7: the weight in [-63, 63], quantize_int8(w, bits=7)), each
+//   pair is at most 2 * 127 * 63, so the AVX2 packed kernel adds two k4 groups' pairs in int16
+//   before one vpmaddwd widens them (avx2_packed7_tile's kPairs): 5 instructions per 64 multiply-adds, 3 of
+//   them on the multiply ports, against 6 and 4. The other kernels take such a weight as any other.
 //
 // The caller may pass the weight packed once (pack_w8a8_weight: 64-column blocks, 4 k per column
 // side by side, then the block's column sums), the layout the block kernels and AMX's B tiles read;
@@ -68,6 +72,7 @@ struct Operands {
   int64_t ldy;
   const int8_t* packed;  // the weight in pack_w8a8_weight's layout, or null
   bool plus64;           // xu is xq + 64 (7-bit activations, the AVX2 packed kernel) instead of |xq|
+  bool weight7;          // with plus64: every weight in [-63, 63], so two k4 groups' pairs add in int16
 };
 
 // How the kernels' unsigned copy of the activations is written.
@@ -598,29 +603,49 @@ CONVS2S_AVX2 inline void avx2_packed_tile(const Operands& g, const int8_t* buf, 
 // The same pass with 7-bit activations stored as xq + 64 (Operands::plus64): vpmaddubsw straight
 // on the unsigned copy and the weight, no vpsignb. The excess, 64 * sum_k w[n, k], comes off at
 // the end, from the block's column sums. Weights are read from L1 as operands.
-template <int MT, bool kAhead>
+// kPairs: 7-bit weights too (Operands::weight7, |w| <= 63): each vpmaddubsw pair is then at most
+// 2 * 127 * 63 = 16002, so the pairs of two k4 groups add in int16 (32004 < 2^15) before one
+// vpmaddwd widens them: 5 instructions per 64 multiply-adds instead of 6, and 3 on the multiply
+// ports instead of 4. K4 is even (whole 64-byte tiles of k).
+template <int MT, bool kAhead, bool kPairs>
 CONVS2S_AVX2 inline void avx2_packed7_tile(const Operands& g, const int8_t* buf, int64_t K4, int64_t r, int64_t n,
                                            int64_t cols, const PrefetchShare& share) {
   constexpr int V = 4;
+  constexpr int kGroups = kPairs ? 2 : 1;  // k4 groups a pass of the loop takes
   I32x8 acc[MT][V];
   for (int v = 0; v < V; ++v)
     for (int m = 0; m < MT; ++m) acc[m][v] = I32x8{};
   const __m256i ones = _mm256_set1_epi16(1);
   int64_t due = 0, line = 0;
-  for (int64_t k4 = 0; k4 < K4; ++k4) {
-    prefetch_share_step(share, K4, due, line);
+  for (int64_t k4 = 0; k4 < K4; k4 += kGroups) {
     const int8_t* w = buf + k4 * kPackedCols * 4;
-    if constexpr (kAhead) {  // the first row tile: this half's stream ahead, as above
-      __builtin_prefetch(w + kStreamAheadBytes, 0, 3);
-      __builtin_prefetch(w + kStreamAheadBytes + 64, 0, 3);
+    for (int q = 0; q < kGroups; ++q) {
+      prefetch_share_step(share, K4, due, line);
+      if constexpr (kAhead) {  // the first row tile: this half's stream ahead, as above
+        __builtin_prefetch(w + q * kPackedCols * 4 + kStreamAheadBytes, 0, 3);
+        __builtin_prefetch(w + q * kPackedCols * 4 + kStreamAheadBytes + 64, 0, 3);
+      }
     }
     for (int m = 0; m < MT; ++m) {
-      int32_t a4;
-      std::memcpy(&a4, g.xu + (r + m) * g.Kp + 4 * k4, 4);
-      const __m256i xa = _mm256_set1_epi32(a4);
-      for (int v = 0; v < V; ++v) {
-        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * v));
-        acc[m][v] += I32x8(_mm256_madd_epi16(_mm256_maddubs_epi16(xa, wv), ones));
+      const uint8_t* a = g.xu + (r + m) * g.Kp + 4 * k4;
+      int32_t a0;
+      std::memcpy(&a0, a, 4);  // 4-byte broadcasts straight from memory
+      const __m256i xa0 = _mm256_set1_epi32(a0);
+      if constexpr (kPairs) {
+        int32_t a1;
+        std::memcpy(&a1, a + 4, 4);
+        const __m256i xa1 = _mm256_set1_epi32(a1);
+        for (int v = 0; v < V; ++v) {
+          const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * v));
+          const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kPackedCols * 4 + 32 * v));
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(xa0, w0), _mm256_maddubs_epi16(xa1, w1));
+          acc[m][v] += I32x8(_mm256_madd_epi16(pairs, ones));
+        }
+      } else {
+        for (int v = 0; v < V; ++v) {
+          const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * v));
+          acc[m][v] += I32x8(_mm256_madd_epi16(_mm256_maddubs_epi16(xa0, wv), ones));
+        }
       }
     }
   }
@@ -663,12 +688,19 @@ CONVS2S_AVX2 void w8a8_avx2_packed_rows(const Operands& g, int64_t rows, int64_t
           else
             CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
                                 (avx2_packed_tile<M, false>(g, buf + half * 4, K4, r, n + half, width, share)))
+        } else if (g.weight7) {
+          if (r == 0)
+            CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
+                                (avx2_packed7_tile<M, true, true>(g, buf + half * 4, K4, r, n + half, width, share)))
+          else
+            CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
+                                (avx2_packed7_tile<M, false, true>(g, buf + half * 4, K4, r, n + half, width, share)))
         } else if (r == 0) {
           CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
-                              (avx2_packed7_tile<M, true>(g, buf + half * 4, K4, r, n + half, width, share)))
+                              (avx2_packed7_tile<M, true, false>(g, buf + half * 4, K4, r, n + half, width, share)))
         } else {
           CONVS2S_ROWS_SWITCH(std::min<int64_t>(MT, rows - r), MT,
-                              (avx2_packed7_tile<M, false>(g, buf + half * 4, K4, r, n + half, width, share)))
+                              (avx2_packed7_tile<M, false, false>(g, buf + half * 4, K4, r, n + half, width, share)))
         }
       }
   }
@@ -679,7 +711,11 @@ CONVS2S_AVX2 void w8a8_avx2_packed_rows(const Operands& g, int64_t rows, int64_t
 // broadcast + ones), now that the column sums come packed. 17 packed step weights (83 MB) cycled
 // cold, capped at AVX2 on a Zen 5 VM, 2 threads, 4 rounds alternated against two rows: 0.88x the
 // time at 3 rows, 0.92x at 5, 0.95x at 6, 0.97x at 12-15, alike at 1 and 10; four rows (18
-// registers) spilled and measured no better than three.
+// registers) spilled and measured no better than three. 7-bit weights too (kPairs,
+// 16 registers, one accumulator spilled): three rows against two, 17 packed step weights cycled
+// cold, capped at AVX2 on a Zen 5 VM, 8 rounds alternated: 0.85x the time at 3 rows, 0.93x at 5,
+// 0.96x at 12-15, alike at 1, 8 and 10. Against 8-bit weights at three rows: 0.88x at 5 rows,
+// 0.82-0.84x at 8-15.
 CONVS2S_AVX2 void w8a8_avx2_packed(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
   if (g.plus64) return w8a8_avx2_packed_rows<3, true>(g, rows, n0, n1);
   w8a8_avx2_packed_rows<2, false>(g, rows, n0, n1);
@@ -805,8 +841,9 @@ void check_packed(const at::Tensor& packed, int64_t N, int64_t K) {
 
 at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                             const c10::optional<at::Tensor>& bias, int64_t kernel,
-                            const c10::optional<at::Tensor>& packed, int64_t activation_bits) {
+                            const c10::optional<at::Tensor>& packed, int64_t activation_bits, int64_t weight_bits) {
   CONVS2S_CHECK_CPU(x);
+  TORCH_CHECK(weight_bits == 8 || weight_bits == 7, "linear_w8a8: weight_bits must be 8 or 7, got ", weight_bits);
   TORCH_CHECK(activation_bits == 8 || activation_bits == 7, "linear_w8a8: activation_bits must be 8 or 7, got ",
               activation_bits);
   check_int8_linear_args("linear_w8a8", x, qweight, scale);
@@ -848,7 +885,8 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
   });
   const Operands g{xq.data(), xu.data(), Kp, qc.data_ptr<int8_t>(), N, K, sx.data(), sc.data_ptr<float>(),
                    bf.defined() ? bf.data_ptr<float>() : nullptr, y.data_ptr<float>(), N,
-                   packed.has_value() ? packed->data_ptr<int8_t>() : nullptr, plus64};
+                   packed.has_value() ? packed->data_ptr<int8_t>() : nullptr, plus64,
+                   /*weight7=*/plus64 && weight_bits == 7};
   if (library) {
     const at::Tensor sums = at::_int_mm(at::from_blob(xq.data(), {M, K}, at::kChar), qc.t()).contiguous();
     finish_from_sums(g, M, sums.data_ptr<int32_t>());
@@ -872,8 +910,8 @@ at::Tensor linear_w8a8_with(const at::Tensor& x, const at::Tensor& qweight, cons
 
 at::Tensor linear_w8a8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& packed,
-                       int64_t activation_bits) {
-  return linear_w8a8_with(x, qweight, scale, bias, -1, packed, activation_bits);
+                       int64_t activation_bits, int64_t weight_bits) {
+  return linear_w8a8_with(x, qweight, scale, bias, -1, packed, activation_bits, weight_bits);
 }
 
 }  // namespace convs2s

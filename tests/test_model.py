@@ -359,6 +359,43 @@ def test_int8_decoding_is_close_to_fp32_and_equal_across_backends(activations):
         model.quantize_decoder_int8(activations="fp8")
 
 
+@pytest.mark.parametrize("part", ["decoder", "encoder"])
+def test_seven_bit_weights_decode_close_to_fp32_and_equal_across_backends(part):
+    """``weight_bits=7`` quantises the weights to [-63, 63] (every int8 weight of the part, held
+    apart from the 8-bit ones), coarser than 8 bits yet close to fp32, the same on every backend
+    (the cpp one-call step and the encoder's products included), and off again with 8."""
+    model = small("custom", **CUSTOM) if part == "encoder" else small("fconv_iwslt_de_en")
+    src, prev = random_batch(2, 6, 5, lengths=[6, 3])
+    fp32, _ = step_logits(model, src, prev)
+    quantize = getattr(model, f"quantize_{part}_int8")
+    outs, weight_error = {}, {}
+    for bits in (8, 7):
+        quantize(activations="int7", weight_bits=bits)
+        modules = [m for m in getattr(model, part).modules() if getattr(m, "use_int8", False)]
+        weights = [m.int8_weight() for m in modules]
+        assert weights and max(int(q.abs().max()) for q, _ in weights) == (63 if bits == 7 else 127)
+        weight_error[bits] = sum(float((q.float() * s.unsqueeze(1) - m._int8_matrix().detach()).abs().sum())
+                                 for m, (q, s) in zip(modules, weights))
+        for backend in ("reference", "cpp"):
+            if ck.available_backends()[backend] is not None:
+                assert backend not in required_backends(), ck.available_backends()[backend]
+                continue
+            model.use_backend(backend)
+            outs[(bits, backend)], _ = step_logits(model, src, prev)
+    model.use_backend(None)
+    seven, eight = outs[(7, "reference")], outs[(8, "reference")]
+    assert 0 < ((seven - fp32).norm() / fp32.norm()).item() < 0.1
+    assert weight_error[7] > 1.5 * weight_error[8], "7-bit weights are the coarser"
+    assert not torch.equal(seven, eight), "the 7 bits reach the products"
+    if (7, "cpp") in outs:
+        torch.testing.assert_close(outs[(7, "cpp")], seven, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="weight_bits must be 8 or 7, got 6"):
+        quantize(activations="int7", weight_bits=6)
+    quantize(False)
+    again, _ = step_logits(model, src, prev)
+    assert torch.equal(again, fp32)
+
+
 @pytest.mark.parametrize("activations", ["int8", "int7", "float"])
 def test_int8_encoding_is_close_to_fp32_and_equal_across_backends(activations):
     """quantize_encoder_int8: the encoder's convolutions (centred, even widths, residuals 0/1/2,

@@ -151,6 +151,19 @@ def test_translate_int8_equals_generate_with_int8_weights(fixture_dir, tmp_path,
     model.quantize_encoder_int8(activations="int7")
     hyps = convs2s.generate(model, ids, beam=2, max_len_b=5, fold_attention=True)
     assert out_file.read_text().split("\n")[:-1] == [tgt_dict.string(h[0]["tokens"]) for h in hyps]
+    # --int7-weights: the decoder's weights quantised to 7 bits too, the encoder's kept at 8
+    assert main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(src), "--output", str(out_file),
+                 "--beam", "2", "--max-len-b", "5", "--int7", "--int7-weights", "--int8-encoder", "--fold-attention"]) == 0
+    assert asked[-1] == {"activations": "int7"}
+    model.quantize_decoder_int8(activations="int7", weight_bits=7).quantize_encoder_int8(activations="int7")
+    hyps = convs2s.generate(model, ids, beam=2, max_len_b=5, fold_attention=True)
+    assert out_file.read_text().split("\n")[:-1] == [tgt_dict.string(h[0]["tokens"]) for h in hyps]
+
+
+@pytest.mark.parametrize("others", [[], ["--int8"], ["--int8-weights-only"]])
+def test_seven_bit_weights_without_seven_bit_activations_are_refused(others):
+    with pytest.raises(SystemExit, match="--int7-weights goes with --int7"):
+        main(["translate", "--fairseq-checkpoint", "never-read.pt", "--int7-weights", *others])
 
 
 @pytest.mark.parametrize("others", [[], ["--int8-weights-only"]])

@@ -93,8 +93,9 @@ def test_vs_fairseq_with_int8_times_five_more_systems(fixture_dir, stand_in, mon
     run = vs.run_convs2s
 
     def recording_run(model, *args):
-        # (int8 weights, the activations: None off, "float", or int8 / 7-bit rows)
-        parts = [[(m.use_int8, None if not m.use_int8 else m.int8_activation_bits if m.int8_activations else "float")
+        # (int8 weights, the activations: None off, "float", or int8 / 7-bit rows; the weights' bits)
+        parts = [[(m.use_int8, None if not m.use_int8 else m.int8_activation_bits if m.int8_activations else "float",
+                   m.int8_weight_bits if m.use_int8 else None)
                   for m in part.modules() if hasattr(m, "use_int8")]
                  for part in (model.decoder, model.encoder)]
         quantised.append(tuple(p[0] if len(set(p)) == 1 else "mixed" for p in parts))
@@ -103,14 +104,14 @@ def test_vs_fairseq_with_int8_times_five_more_systems(fixture_dir, stand_in, mon
     monkeypatch.setattr(vs, "run_convs2s", recording_run)
     result = compare(fairseq_python=str(python), checkpoint=str(fixture_dir / "checkpoint.pt"), dicts=None,
                      input_ids=str(fixture_dir / "source.ids"), beams=[2], int8=True, int8_weights_only=True,
-                     int7=True, int8_encoder=True, int7_encoder=True, log=lambda m: None)
+                     int7=True, int8_encoder=True, int7_encoder=True, w7a7_encoder=True, log=lambda m: None)
     rows = {r["system"]: r for r in result["rows"]}
     assert list(rows) == ["fairseq", "fairseq-cached", "convs2s", "convs2s-int8", "convs2s-int8w", "convs2s-int7",
-                          "convs2s-int8e", "convs2s-int7e"]
-    off = (False, None)
-    assert quantised == [(off, off), ((True, 8), off), ((True, "float"), off), ((True, 7), off),
-                         ((True, 8), (True, 8)), ((True, 7), (True, 7))]
-    for system in ("convs2s-int8", "convs2s-int8w", "convs2s-int7", "convs2s-int8e", "convs2s-int7e"):
+                          "convs2s-int8e", "convs2s-int7e", "convs2s-w7a7e"]
+    off = (False, None, None)
+    assert quantised == [(off, off), ((True, 8, 8), off), ((True, "float", 8), off), ((True, 7, 8), off),
+                         ((True, 8, 8), (True, 8, 8)), ((True, 7, 8), (True, 7, 8)), ((True, 7, 7), (True, 7, 8))]
+    for system in ("convs2s-int8", "convs2s-int8w", "convs2s-int7", "convs2s-int8e", "convs2s-int7e", "convs2s-w7a7e"):
         a = rows[system]["agreement_with_fairseq"]
         assert a["sentences"] == len(read_ids(str(fixture_dir / "source.ids")))
         assert 0 <= a["top1_identical"] <= a["sentences"]

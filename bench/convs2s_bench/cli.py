@@ -80,7 +80,7 @@ def vs_fairseq(args) -> int:
         fairseq_python=args.fairseq_python, checkpoint=args.checkpoint, dicts=args.dicts, input_ids=args.input,
         beams=args.beams, repeats=args.repeats, batch_size=args.batch_size, config=config, int8=args.int8,
         int8_weights_only=args.int8_weights_only, int7=args.int7, int8_encoder=args.int8_encoder,
-        int7_encoder=args.int7_encoder, log=_log))
+        int7_encoder=args.int7_encoder, w7a7_encoder=args.w7a7_encoder, log=_log))
     print(format_result(result))
     if args.json:
         atomic_write_text(args.json, json.dumps(result, indent=1))

@@ -63,7 +63,7 @@ def fma_peak_gflops(repeats: int = 3, iters: int = 20_000_000) -> Optional[float
     return max(native().fma_peak_gflops(iters) for _ in range(max(1, repeats)))
 
 
-def int8_gemm_peak_gops(n: int = 2048, repeats: int = 5, activation_bits: int = 8) -> float:
+def int8_gemm_peak_gops(n: int = 2048, repeats: int = 5, activation_bits: int = 8, weight_bits: int = 8) -> float:
     """Best-of-``repeats`` GOP/s (2 per multiply-add) of exact int8 x int8 -> int32 products on the
     CPU: the best of an ``n^3`` product through the math library (``torch._int_mm``: oneDNN,
     AMX-INT8 or VNNI where it has them, within ``ONEDNN_MAX_CPU_ISA``), the project's own int8
@@ -71,11 +71,13 @@ def int8_gemm_peak_gops(n: int = 2048, repeats: int = 5, activation_bits: int = 
     (:func:`int8_dot_peak_gops`). Without VNNI, ``_int_mm`` ran at 2 GOP/s (AMD EPYC Zen 3, AVX2)
     while the decoding step's int8 products ran near 100, so it was no limit of theirs; and a
     limit the kernel itself sets would hide how far below the instructions' rate it runs.
-    ``activation_bits`` 7: the kernel and the dot products with 7-bit activations."""
-    return int8_gemm_peaks_gops(n, repeats, (activation_bits,))[activation_bits]
+    ``activation_bits`` 7: the kernel and the dot products with 7-bit activations; ``weight_bits``
+    7 with 7-bit weights too (the AVX2 kernel's paired groups)."""
+    return int8_gemm_peaks_gops(n, repeats, (activation_bits,), weight_bits)[activation_bits]
 
 
-def int8_gemm_peaks_gops(n: int = 2048, repeats: int = 5, activation_bits: Iterable[int] = (8,)) -> Dict[int, float]:
+def int8_gemm_peaks_gops(n: int = 2048, repeats: int = 5, activation_bits: Iterable[int] = (8,),
+                         weight_bits: int = 8) -> Dict[int, float]:
     """:func:`int8_gemm_peak_gops` for each of ``activation_bits``, the library's product (which
     quantises nothing: the same for every width) timed once."""
     device = torch.device("cpu")
@@ -83,30 +85,33 @@ def int8_gemm_peaks_gops(n: int = 2048, repeats: int = 5, activation_bits: Itera
     a = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
     b = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
     library = 2.0 * n ** 3 / _best_seconds(lambda: torch._int_mm(a, b), device, repeats) / 1e9
-    return {bits: max(library, int8_kernel_peak_gops(n, repeats=repeats, activation_bits=bits) or 0.0,
-                      int8_dot_peak_gops(repeats=min(repeats, 3), activation_bits=bits) or 0.0)
+    return {bits: max(library, int8_kernel_peak_gops(n, repeats=repeats, activation_bits=bits, weight_bits=weight_bits) or 0.0,
+                      int8_dot_peak_gops(repeats=min(repeats, 3), activation_bits=bits, weight_bits=weight_bits) or 0.0)
             for bits in activation_bits}
 
 
-def int8_dot_peak_gops(repeats: int = 3, iters: int = 5_000_000, activation_bits: int = 8) -> Optional[float]:
+def int8_dot_peak_gops(repeats: int = 3, iters: int = 5_000_000, activation_bits: int = 8,
+                       weight_bits: int = 8) -> Optional[float]:
     """Best-of-``repeats`` GOP/s of register-only exact int8 dot products on every thread, in the
     instructions the cpp ``linear_w8a8`` multiplies with (``csrc/fma_peak.cpp``: AVX-512 VNNI's
     vpdpbusd, or AVX2's vpsignb + vpmaddubsw + vpmaddwd + vpaddd; within ``CONVS2S_KERNELS_ISA``):
     the int8 counterpart of :func:`fma_peak_gflops`; ``activation_bits`` 7: AVX2's group without
-    vpsignb, as the kernel runs it for 7-bit activations. None without the C++ extension or on the
-    baseline (no SIMD dot product)."""
+    vpsignb, as the kernel runs it for 7-bit activations, and with ``weight_bits`` 7 too two groups'
+    pairs added before one widening. None without the C++ extension or on the baseline (no SIMD
+    dot product)."""
     from convs2s_kernels.extension import native, unavailable_reason
 
     if unavailable_reason() is not None:
         return None
-    return max(native().int8_dot_peak_gops(iters, activation_bits) for _ in range(max(1, repeats))) or None
+    return max(native().int8_dot_peak_gops(iters, activation_bits, weight_bits) for _ in range(max(1, repeats))) or None
 
 
-def int8_kernel_peak_gops(n: int = 2048, rows: int = 64, repeats: int = 5, activation_bits: int = 8) -> Optional[float]:
+def int8_kernel_peak_gops(n: int = 2048, rows: int = 64, repeats: int = 5, activation_bits: int = 8,
+                          weight_bits: int = 8) -> Optional[float]:
     """Best-of-``repeats`` GOP/s of the cpp ``linear_w8a8`` (activations quantised per row, the
     packed weight) at ``rows`` rows of a hot ``n x n`` weight: the most the kernels a decoding step
     calls reach here. None without the C++ extension."""
-    product = _int8_kernel_product(n, rows, activation_bits)
+    product = _int8_kernel_product(n, rows, activation_bits, weight_bits)
     return None if product is None else _int8_product_gops(product, n, rows, repeats)
 
 
@@ -115,20 +120,23 @@ def _int8_product_gops(product: Callable[[], object], n: int, rows: int, repeats
     return 2.0 * rows * n * n / _best_seconds(product, torch.device("cpu"), repeats) / 1e9
 
 
-def _int8_kernel_product(n: int, rows: int, activation_bits: int = 8) -> Optional[Callable[[], object]]:
-    """The cpp ``linear_w8a8`` of ``rows`` rows times a packed ``n x n`` int8 weight, operands made
-    once; None without the C++ extension."""
+def _int8_kernel_product(n: int, rows: int, activation_bits: int = 8,
+                         weight_bits: int = 8) -> Optional[Callable[[], object]]:
+    """The cpp ``linear_w8a8`` of ``rows`` rows times a packed ``n x n`` int8 weight (of
+    ``weight_bits``), operands made once; None without the C++ extension."""
     import convs2s_kernels as ck
     from convs2s_kernels.extension import unavailable_reason
 
     if unavailable_reason() is not None:
         return None
     gen = torch.Generator().manual_seed(0)
-    q = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
-    scale = torch.rand(n, generator=gen) / 127
+    qmax = 2 ** (weight_bits - 1) - 1
+    q = torch.randint(-qmax, qmax + 1, (n, n), dtype=torch.int8, generator=gen)
+    scale = torch.rand(n, generator=gen) / qmax
     x = torch.randn(rows, n, generator=gen)
     packed = ck.pack_w8a8_weight(q)
-    return lambda: ck.linear_w8a8(x, q, scale, packed=packed, activation_bits=activation_bits, backend="cpp")
+    return lambda: ck.linear_w8a8(x, q, scale, packed=packed, activation_bits=activation_bits, weight_bits=weight_bits,
+                                  backend="cpp")
 
 
 def memory_buffer_megabytes(device="cpu") -> int:
@@ -188,11 +196,12 @@ class LimitSampler:
     _INT8_N, _INT8_ROWS = 2048, 64
 
     def __init__(self, megabytes: int, int8: bool = False, fallback_compute: Optional[float] = None,
-                 activation_bits: int = 8):
+                 activation_bits: int = 8, weight_bits: int = 8):
         self._src, self._dst = _copy_buffers(megabytes)
         # the int8 product's operands once, not per sample (a 4 MB weight drawn and packed each time)
-        self._int8_product = _int8_kernel_product(self._INT8_N, self._INT8_ROWS, activation_bits) if int8 else None
-        self._int8, self._fallback, self._bits = int8, fallback_compute, activation_bits
+        self._int8_product = (_int8_kernel_product(self._INT8_N, self._INT8_ROWS, activation_bits, weight_bits)
+                              if int8 else None)
+        self._int8, self._fallback, self._bits, self._weight_bits = int8, fallback_compute, activation_bits, weight_bits
 
     def _compute(self) -> Optional[float]:
         if not self._int8:
@@ -200,7 +209,8 @@ class LimitSampler:
         if self._int8_product is None:
             return self._fallback
         kernel = _int8_product_gops(self._int8_product, self._INT8_N, self._INT8_ROWS, repeats=1)
-        return max(kernel, int8_dot_peak_gops(repeats=1, iters=1_000_000, activation_bits=self._bits) or 0.0)
+        return max(kernel, int8_dot_peak_gops(repeats=1, iters=1_000_000, activation_bits=self._bits,
+                                              weight_bits=self._weight_bits) or 0.0)
 
     def sample(self) -> Tuple[float, Optional[float]]:
         """(copy GB/s: the better of the copy, bytes read + written, and the sum, bytes read;

@@ -12,7 +12,8 @@ the best-of limits at the start and the steps' median need not see the same mach
 bytes are the int8 weights and their scales, its compute limit the int8 peak (the better of
 ``torch._int_mm``, the cpp ``linear_w8a8`` at 64 rows and the int8 dot products' register-only
 rate: ``roofline.int8_gemm_peak_gops``) instead of the fp32 one. ``--int7``: the same with 7-bit
-activations, against the kernel's and the dot products' rates with 7-bit activations.
+activations, against the kernel's and the dot products' rates with 7-bit activations;
+``--w7a7``: with 7-bit weights too (``weight_bits=7``), against those rates with 7-bit weights.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def paired_bounds(rec: dict) -> Optional[dict]:
 def format_profile(result: dict, top: int = 8) -> str:
     m = result["machine"]
     seven = result.get("activation_bits") == 7
-    dtype = ("int8 decoder weights and 7-bit activations" if seven else "int8 decoder weights and activations"
+    weights = "7-bit" if result.get("weight_bits") == 7 else "int8"
+    dtype = (f"{weights} decoder weights and 7-bit activations" if seven else "int8 decoder weights and activations"
              ) if result.get("int8") else "fp32"
     peak = (f"int8 {result['int8_gops']:.0f} GOP/s (the best of torch._int_mm, the cpp linear_w8a8 at 64 rows and the int8 dot products' register-only rate)" if result.get("int8")
             else f"fp32 peak {result['gemm_gflops']:.0f} GFLOP/s (the better of ATen's GEMM and the FMA units' "
@@ -159,24 +161,25 @@ def format_profile(result: dict, top: int = 8) -> str:
 
 
 def run(arch: str, rows: Sequence[int], src_len: int = SOURCE_LEN, vocab: int = 40000, int8: bool = False,
-        activation_bits: int = 8) -> dict:
+        activation_bits: int = 8, weight_bits: int = 8) -> dict:
     from convs2s_kernels.extension import int8_kernel_isa, small_gemm_isa
 
     torch.manual_seed(0)
     model = build_model(arch, vocab, vocab).fold_weight_norm().eval()
-    model.quantize_decoder_int8(int8, activations="int7" if activation_bits == 7 else "int8")
+    model.quantize_decoder_int8(int8, activations="int7" if activation_bits == 7 else "int8", weight_bits=weight_bits)
     weight_bytes, _ = step_bounds(model, 1, src_len)
     # a copy touching as many bytes as the step's weights (source + destination): memory's bandwidth
     # for a big model, the caches' for one that fits in them (a step re-reads the same weights)
     result = dict(arch=arch, src_len=src_len, machine=machine_description(),
                   kernels_isa=int8_kernel_isa() if int8 else small_gemm_isa(), int8=int8, activation_bits=activation_bits,
+                  weight_bits=weight_bits,
                   copy_gbps=copy_peak_gbps(megabytes=max(1, weight_bytes // 2 // (1 << 20))),
                   gemm_gflops=gemm_peak_gflops(), weight_mb=weight_bytes / 1e6, rows=[])
     if int8:
-        result["int8_gops"] = int8_gemm_peak_gops(activation_bits=activation_bits)
+        result["int8_gops"] = int8_gemm_peak_gops(activation_bits=activation_bits, weight_bits=weight_bits)
     sampler = LimitSampler(max(1, weight_bytes // 2 // (1 << 20)), int8=int8,
                            fallback_compute=result.get("int8_gops") if int8 else result["gemm_gflops"],
-                           activation_bits=activation_bits)
+                           activation_bits=activation_bits, weight_bits=weight_bits)
     for r in rows:
         rec = profile_rows(model, r, src_len=src_len, sampler=sampler)
         rec["bytes"], rec["flops"] = step_bounds(model, r, src_len)
@@ -190,11 +193,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--rows", default="1,12,160", help="comma-separated row counts (sentences x beam)")
     p.add_argument("--int8", action="store_true", help="int8 decoder weights and activations (quantize_decoder_int8)")
     p.add_argument("--int7", action="store_true", help="int8 decoder weights and 7-bit activations (the limits too)")
+    p.add_argument("--w7a7", action="store_true", help="7-bit decoder weights and activations (the limits too)")
     p.add_argument("--out", help="also write the table to this markdown file")
     args = p.parse_args(argv)
     rows = positive_ints(p, "--rows", args.rows)
-    publish(format_profile(run(args.arch, rows, int8=args.int8 or args.int7, activation_bits=7 if args.int7 else 8)),
-            args.out)
+    seven = args.int7 or args.w7a7
+    publish(format_profile(run(args.arch, rows, int8=args.int8 or seven, activation_bits=7 if seven else 8,
+                               weight_bits=7 if args.w7a7 else 8)), args.out)
     return 0
 
 

@@ -21,15 +21,16 @@ def step_layer(c_in, c_out, k, residual, attention, B, S, int8, dtype, c_prev):
     w, b = conv_weight(k, c_in, c_out, dtype)
     scale = None
     float_packed, int8 = int8 == "float-packed", False if int8 == "float-packed" else int8
+    bits = 7 if int8 == "w7a7-packed" else 8  # the weights' width
     if int8:  # int8 rows (2C, k*C_in) of the linearised conv weight
-        w, scale = ck.quantize_int8(w.float().reshape(k * c_in, 2 * c_out).t())
+        w, scale = ck.quantize_int8(w.float().reshape(k * c_in, 2 * c_out).t(), bits=bits)
         b = b.float()
     proj = {}
     if residual and c_prev != c_out:
         pw = torch.randn(c_out, c_prev) / math.sqrt(c_prev)
         proj = dict(proj_weight=pw.to(dtype), proj_bias=(0.1 * torch.randn(c_out)).to(dtype))
         if int8:
-            pw, ps = ck.quantize_int8(pw)
+            pw, ps = ck.quantize_int8(pw, bits=bits)
             proj = dict(proj_weight=pw, proj_scale=ps, proj_bias=proj["proj_bias"].float())
     att = None
     if attention:
@@ -40,12 +41,13 @@ def step_layer(c_in, c_out, k, residual, attention, B, S, int8, dtype, c_prev):
         proj.update(conv_packed=ck.pack_conv_step_weight(w))
         if "proj_weight" in proj:
             proj.update(proj_packed=ck.pack_linear_weight(proj["proj_weight"]))
-    if int8 in ("w8a8-packed", "w7a8-packed"):  # the cpp kernels' layout of each int8 weight, made once
+    if int8 in ("w8a8-packed", "w7a8-packed", "w7a7-packed"):  # the cpp kernels' layout of each int8 weight, made once
         proj.update(conv_packed=ck.pack_w8a8_weight(w))
         if "proj_scale" in proj:
             proj.update(proj_packed=ck.pack_w8a8_weight(proj["proj_weight"]))
-    return ck.StepLayer(w, b, scale, residual, attention=att, int8_activations=int8 in ("w8a8", "w8a8-packed", "w7a8-packed"),
-                        activation_bits=7 if int8 == "w7a8-packed" else 8, **proj)
+    return ck.StepLayer(w, b, scale, residual, attention=att,
+                        int8_activations=int8 in ("w8a8", "w8a8-packed", "w7a8-packed", "w7a7-packed"),
+                        activation_bits=7 if int8 in ("w7a8-packed", "w7a7-packed") else 8, weight_bits=bits, **proj)
 
 
 def make_step(B, beam, S, int8=False, dtype=torch.float32):
@@ -64,12 +66,12 @@ def make_step(B, beam, S, int8=False, dtype=torch.float32):
 
 @pytest.mark.parametrize("int8,dtype", [(False, torch.float32), (False, torch.bfloat16), (True, torch.float32),
                                         ("w8a8", torch.float32), ("w8a8-packed", torch.float32),
-                                        ("w7a8-packed", torch.float32),
+                                        ("w7a8-packed", torch.float32), ("w7a7-packed", torch.float32),
                                         ("float-packed", torch.float32), ("float-packed", torch.bfloat16)],
-                         ids=["fp32", "bf16", "int8_weights", "w8a8", "w8a8_packed", "w7a8_packed", "fp32_packed",
-                              "bf16_packed"])
+                         ids=["fp32", "bf16", "int8_weights", "w8a8", "w8a8_packed", "w7a8_packed", "w7a7_packed",
+                              "fp32_packed", "bf16_packed"])
 # int8 weights take fp32 activations; *_packed: each weight also in the cpp kernels' layout; w7a8:
-# activations quantised to 7 bits
+# activations quantised to 7 bits; w7a7: the weights too
 # 65 beams: past the few-row kernels' 64 rows, the float32 attention takes ATen's batched products
 @pytest.mark.parametrize("B,beam,S", [(1, 1, 1), (2, 3, 5), (3, 2, 9), (1, 65, 3)])
 @pytest.mark.parametrize("need_attn", [True, False], ids=["attn", "no_attn"])
@@ -123,6 +125,13 @@ def test_decoder_step_bad_inputs_name_the_problem():
         ck.decoder_step(x, states, bad, emb, pad, lengths)
     with pytest.raises(ValueError, match=r"layers\[1\]\.activation_bits must be 8 or 7, got 6"):
         bad = [layers[0], dataclasses.replace(layers[1], int8_activations=True, activation_bits=6)] + list(layers[2:])
+        ck.decoder_step(x, states, bad, emb, pad, lengths)
+    with pytest.raises(ValueError, match=r"layers\[2\]\.weight_bits must be 8 or 7, got 4"):
+        bad = list(layers[:2]) + [dataclasses.replace(layers[2], weight_bits=4)] + list(layers[3:])
+        ck.decoder_step(x, states, bad, emb, pad, lengths)
+    _, _, int8_layers, _, _, _ = make_step(2, 2, 4, "w8a8")
+    with pytest.raises(ValueError, match=r"qweight holds values outside \[-63, 63\]"):  # 8-bit weights called 7-bit
+        bad = [dataclasses.replace(layer, weight_bits=7) for layer in int8_layers]
         ck.decoder_step(x, states, bad, emb, pad, lengths)
     with pytest.raises(ValueError, match=r"beam_index values must lie in \[0, 3\]"):
         ck.decoder_step(x, states, layers, emb, pad, lengths, torch.tensor([0, 1, 2, 4]))

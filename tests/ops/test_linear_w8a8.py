@@ -102,6 +102,74 @@ def test_seven_bit_activations_match_the_reference(rows, K, N):
                        ck.linear_w8a8_ref(wide[:, ::2], q, s, activation_bits=7))
 
 
+@pytest.mark.parametrize("rows", [1, 3, 5, 12, 17, 64])
+@pytest.mark.parametrize("K,N", [(7, 65), (130, 129), (512, 1001)])
+@pytest.mark.parametrize("activation_bits", [7, 8])
+@torch.no_grad()
+def test_seven_bit_weights_match_the_reference(rows, K, N, activation_bits):
+    """``weight_bits=7`` (the weights of ``quantize_int8(w, bits=7)``, in [-63, 63]): every kernel,
+    packed or not, auto's choice and a strided x equal the reference bit for bit; full-scale
+    weights of both signs against a full-scale row (the AVX2 kernel's int16 sums at their extremes)."""
+    gen = torch.Generator().manual_seed(7 * rows + K)
+    x, w, b = torch.randn(rows, K, generator=gen) * 3, torch.randn(N, K, generator=gen), torch.randn(N, generator=gen)
+    q, s = ck.quantize_int8(w, bits=7)
+    q[0], q[-1] = 63, -63
+    x[0] = 5.0
+    packed = ck.pack_w8a8_weight(q)
+    bits = dict(activation_bits=activation_bits, weight_bits=7)
+    want = ck.linear_w8a8_ref(x, q, s, b, activation_bits=activation_bits)
+    runnable("cpp", "linear_w8a8", x, q, s, b)
+    assert torch.equal(ck.linear_w8a8(x, q, s, b, packed=packed, backend="cpp", **bits), want)
+    assert torch.equal(ck.linear_w8a8(x, q, s, b, backend="cpp", **bits), want)
+    assert torch.equal(ck.linear_w8a8(x, q, s, b, packed=packed, backend="reference", **bits), want)
+    native = ck.extension.native()
+    for kernel in (-1, 0, 1) + ((3,) if native.linear_w8a8_isa() == "amx-int8" else ()):
+        for p in (None, packed) if kernel != 3 else (packed,):
+            assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, p, activation_bits, 7), want), kernel
+    wide = torch.randn(rows, 2 * K, generator=gen)
+    assert torch.equal(ck.linear_w8a8(wide[:, ::2], q, s, packed=packed, backend="cpp", **bits),
+                       ck.linear_w8a8_ref(wide[:, ::2], q, s, activation_bits=activation_bits))
+
+
+@torch.no_grad()
+def test_seven_bit_weight_quantiser_range_and_error():
+    """``quantize_int8(w, bits=7)``: |q| <= 63 with each row's max at 63, error at most half a step
+    (scale = max|w_n| / 63); a zero row gets scale 1; other widths are refused."""
+    w = torch.randn(9, 40)
+    w[4] = 0
+    q, s = ck.quantize_int8(w, bits=7)
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 63
+    assert bool((q.abs().amax(1)[torch.arange(9) != 4] == 63).all()) and float(s[4]) == 1.0
+    assert torch.all((q.double() * s.double().unsqueeze(1) - w.double()).abs() <= s.double().unsqueeze(1) / 2 + 1e-7)
+    for bad in (6, 16, True, "7"):
+        with pytest.raises(ValueError, match="bits must be 8 or 7, got"):
+            ck.quantize_int8(w, bits=bad)
+
+
+def test_weight_bits_must_be_8_or_7_and_match_the_weight():
+    x, q, s, _ = _case(2, 8, 4)
+    for bad in (6, 16, True, "7"):
+        with pytest.raises(ValueError, match="weight_bits must be 8 or 7, got"):
+            ck.linear_w8a8(x, q, s, weight_bits=bad)
+    wide = q.clone()
+    wide[1, 2] = 64
+    with pytest.raises(ValueError, match=r"qweight holds values outside \[-63, 63\]: weight_bits=7 takes"):
+        ck.linear_w8a8(x, wide, s, weight_bits=7)
+    ck.linear_w8a8(x, wide, s)  # the same weight is fine as 8 bits
+    lowest = q.clone()
+    lowest[0, 0] = -128  # abs(-128) wraps to -128 in int8: the range is compared, not abs()
+    with pytest.raises(ValueError, match=r"outside \[-63, 63\]"):
+        ck.linear_w8a8(x, lowest, s, weight_bits=7)
+    narrow, ns = ck.quantize_int8(torch.randn(4, 8), bits=7)
+    ck.linear_w8a8(x, narrow, ns, weight_bits=7)
+    narrow[0, 0] = -64  # an in-place write is checked again
+    with pytest.raises(ValueError, match=r"outside \[-63, 63\]"):
+        ck.linear_w8a8(x, narrow, ns, weight_bits=7)
+    if ck.available_backends()["cpp"] is None:
+        with pytest.raises(RuntimeError, match="weight_bits must be 8 or 7, got 6"):
+            ck.extension.native().linear_w8a8_with(x, q, s, None, -1, None, 8, 6)
+
+
 @torch.no_grad()
 def test_seven_bit_quantiser_range_and_error():
     """7 bits: |xq| <= 63 with the row's max at 63, error at most half a step (sx = max|x| / 63),
@@ -152,7 +220,8 @@ def test_pack_w8a8_weight_layout():
 @pytest.mark.parametrize("cap", ["avx2", "baseline"])
 def test_packed_weight_under_isa_caps(cap):
     """The AVX2 packed kernel (and the baseline, which ignores the layout) equal the reference, with
-    8-bit and 7-bit activations; row counts that end in a partial tile of either tile height (two
+    8-bit and 7-bit activations and 8-bit and 7-bit weights (the AVX2 kernel's int16 sums of two
+    pairs at their extremes); row counts that end in a partial tile of either tile height (two
     rows for 8 bits, three for 7)."""
     require_or_skip("cpp")
     code = ("import torch, convs2s_kernels as ck\n"
@@ -165,10 +234,18 @@ def test_packed_weight_under_isa_caps(cap):
             "    q[0] = 127; x[0] = 63.0  # a full-scale row against a full-scale weight row: the int16 pairs' extremes\n"
             "    p, want = ck.pack_w8a8_weight(q), ck.linear_w8a8_ref(x, q, s, b)\n"
             "    want7 = ck.linear_w8a8_ref(x, q, s, b, activation_bits=7)\n"
+            "    q7, s7 = ck.quantize_int8(w, bits=7)  # 7-bit weights: two pairs add in int16 on AVX2\n"
+            "    q7[0] = 63; q7[-1] = -63  # against the full-scale row: +-2 * 2 * 127 * 63, int16's extremes\n"
+            "    p7 = ck.pack_w8a8_weight(q7)\n"
+            "    want77 = ck.linear_w8a8_ref(x, q7, s7, b, activation_bits=7)\n"
+            "    want87 = ck.linear_w8a8_ref(x, q7, s7, b)\n"
             "    for kernel in (-1, 0, 1):\n"
             "        assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, p), want), (rows, K, N, kernel)\n"
             "        for pk in (None, p):  # 7 bits, the weight packed by the caller or per call\n"
-            "            assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, pk, 7), want7), (rows, K, N, kernel)\n")
+            "            assert torch.equal(native.linear_w8a8_with(x, q, s, b, kernel, pk, 7), want7), (rows, K, N, kernel)\n"
+            "        for pk in (None, p7):  # 7-bit weights, with 7-bit and 8-bit activations\n"
+            "            assert torch.equal(native.linear_w8a8_with(x, q7, s7, b, kernel, pk, 7, 7), want77), (rows, K, N, kernel)\n"
+            "            assert torch.equal(native.linear_w8a8_with(x, q7, s7, b, kernel, pk, 8, 7), want87), (rows, K, N, kernel)\n")
     env = dict(os.environ, CONVS2S_KERNELS_ISA=cap, ONEDNN_MAX_CPU_ISA="AVX2")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

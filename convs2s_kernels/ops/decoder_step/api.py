@@ -11,7 +11,7 @@ from ...dispatch import resolve
 from .._packing import check_packed_matrix
 from ..conv_step.packing import check_packed_weight
 from ..linear_w8a8.api import check_packed, check_weight_range
-from ..linear_w8a8.reference import check_activation_bits
+from ..linear_w8a8.reference import check_activation_bits, check_weight_bits
 from .layers import StepLayer
 
 __all__ = ["decoder_step", "decoder_step_tensors"]
@@ -29,16 +29,17 @@ def _check_layers(states, layers, x: torch.Tensor) -> None:
     for i, layer in enumerate(layers):
         if not isinstance(layer, StepLayer):
             raise TypeError(f"layers[{i}] must be a convs2s_kernels.StepLayer, got {type(layer).__name__}")
-        if layer.int8_activations:
-            try:
+        try:
+            check_weight_bits(layer.weight_bits)
+            if layer.int8_activations:
                 check_activation_bits(layer.activation_bits)
-            except ValueError as exc:  # "activation_bits must be ...": name the layer
-                raise ValueError(f"layers[{i}].{exc}") from None
+        except ValueError as exc:  # "activation_bits must be ...": name the layer
+            raise ValueError(f"layers[{i}].{exc}") from None
         if not 0 <= layer.residual <= i + 1:
             raise ValueError(f"layers[{i}].residual = {layer.residual} reaches before the first layer's input")
         for part in ("conv", "proj"):
             if layer.int8_activations and getattr(layer, f"{part}_scale") is not None:
-                check_weight_range(getattr(layer, f"{part}_weight"))  # once per tensor, as linear_w8a8 does
+                check_weight_range(getattr(layer, f"{part}_weight"), layer.weight_bits)  # once per tensor, as linear_w8a8 does
             packed = getattr(layer, f"{part}_packed")
             if packed is None:
                 continue

@@ -31,7 +31,7 @@ def decoder_step_cpp(x, states, layers, emb_scores, pad_mask, src_lengths, beam_
         _attention_field(layers, "z_bias"), _attention_field(layers, "y_out"), _attention_field(layers, "b_out"),
         pad_mask, src_lengths.to(x.dtype).sqrt(), need_attn,
         [int(layer.activation_bits) if layer.int8_activations else 0 for layer in layers],
-        _field(layers, "conv_packed"), _field(layers, "proj_packed"))
+        _field(layers, "conv_packed"), _field(layers, "proj_packed"), [int(layer.weight_bits) for layer in layers])
     return out[0], out[1], list(out[2:])
 
 

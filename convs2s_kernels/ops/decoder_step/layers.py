@@ -33,7 +33,9 @@ class StepLayer:
     ``int8_activations``: the int8 products quantise their inputs per row too (``linear_w8a8``)
     instead of keeping them float32 (``linear_int8``); ``conv_packed`` / ``proj_packed`` are then
     :func:`convs2s_kernels.pack_w8a8_weight` of the int8 weights, for the cpp kernels (optional),
-    and ``activation_bits`` (8 or 7) what those inputs are quantised to (``linear_w8a8``'s).
+    and ``activation_bits`` (8 or 7) what those inputs are quantised to (``linear_w8a8``'s);
+    ``weight_bits`` (8 or 7) the range the int8 weights hold (``linear_w8a8``'s: 7 for those of
+    ``quantize_int8(w, bits=7)``).
     With float weights, ``conv_packed`` may be :func:`convs2s_kernels.pack_conv_step_weight` of the
     conv weight and ``proj_packed`` :func:`convs2s_kernels.pack_linear_weight` of the projection,
     which the cpp kernels read instead (optional; the reference ignores them).
@@ -51,3 +53,4 @@ class StepLayer:
     conv_packed: Optional[torch.Tensor] = None
     proj_packed: Optional[torch.Tensor] = None
     activation_bits: int = 8
+    weight_bits: int = 8

@@ -33,10 +33,10 @@ def check_int8_linear_args(x, qweight, scale, bias) -> None:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
 
 
-def linear_int8_tensors(x, qweight, scale, bias=None, packed=None, activation_bits=8):
+def linear_int8_tensors(x, qweight, scale, bias=None, packed=None, activation_bits=8, weight_bits=8):
     """The floating tensors of a call, the activation first (for the backends' capabilities);
-    ``packed`` (``linear_w8a8``'s int8 weight layout) holds none, ``activation_bits`` (its
-    activations' width) is no tensor."""
+    ``packed`` (``linear_w8a8``'s int8 weight layout) holds none, ``activation_bits`` and
+    ``weight_bits`` (its operands' widths) are no tensors."""
     return x, scale, bias
 
 

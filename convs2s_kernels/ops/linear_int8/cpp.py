@@ -12,7 +12,7 @@ from ...extension import native
 from .api import linear_int8_tensors
 
 
-def _float32_scale_and_bias(x, qweight, scale, bias=None, packed=None, activation_bits=8) -> List[str]:
+def _float32_scale_and_bias(x, qweight, scale, bias=None, packed=None, activation_bits=8, weight_bits=8) -> List[str]:
     if scale.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
         return [f"cpp linear_int8 takes float32 scale and bias, got scale {scale.dtype}"
                 + ("" if bias is None else f", bias {bias.dtype}")]

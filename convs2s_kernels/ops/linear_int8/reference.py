@@ -10,18 +10,22 @@ import torch.nn.functional as F
 __all__ = ["quantize_int8", "linear_int8_ref"]
 
 
-def quantize_int8(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def quantize_int8(weight: torch.Tensor, bits: int = 8) -> Tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 quantisation per output row: ``weight (N, K) ~ qweight * scale[:, None]``.
 
-    ``scale = max|w_n| / 127`` (rows of zeros get scale 1), ``qweight = round(w / scale)`` in
-    ``[-127, 127]``; returns ``(qweight int8 (N, K), scale float32 (N,))``. The error of each
-    weight is at most ``scale / 2``.
+    With ``qmax = 2**(bits-1) - 1`` (127 for ``bits`` 8, 63 for 7): ``scale = max|w_n| / qmax``
+    (rows of zeros get scale 1), ``qweight = round(w / scale)`` in ``[-qmax, qmax]``; returns
+    ``(qweight int8 (N, K), scale float32 (N,))``. The error of each weight is at most ``scale / 2``
+    (twice as coarse with 7 bits, which ``linear_w8a8(..., weight_bits=7)`` multiplies faster on AVX2).
     """
+    if isinstance(bits, bool) or bits not in (8, 7):
+        raise ValueError(f"bits must be 8 or 7, got {bits!r}")
+    qmax = float(2 ** (bits - 1) - 1)
     w = weight.detach().float()
-    scale = w.abs().amax(dim=1) / 127.0
+    scale = w.abs().amax(dim=1) / qmax
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     # contiguous rows whatever w's layout (a transposed conv weight): the kernels stream them
-    qweight = torch.round(w / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8).contiguous()
+    qweight = torch.round(w / scale.unsqueeze(1)).clamp_(-qmax, qmax).to(torch.int8).contiguous()
     return qweight, scale.contiguous()
 
 

@@ -10,9 +10,9 @@ from ..linear_int8.api import linear_int8_tensors
 from ..linear_int8.cpp import CAPABILITY
 
 
-def linear_w8a8_cpp(x, qweight, scale, bias=None, packed=None, activation_bits=8):
+def linear_w8a8_cpp(x, qweight, scale, bias=None, packed=None, activation_bits=8, weight_bits=8):
     lead = x.shape[:-1]
-    y = native().linear_w8a8(x.reshape(-1, x.shape[-1]), qweight, scale, bias, packed, activation_bits)
+    y = native().linear_w8a8(x.reshape(-1, x.shape[-1]), qweight, scale, bias, packed, activation_bits, weight_bits)
     return y.view(*lead, qweight.shape[0])
 
 

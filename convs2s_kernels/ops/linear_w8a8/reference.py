@@ -7,16 +7,24 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["quantize_rows_int8", "pack_w8a8_weight", "linear_w8a8_ref", "ACTIVATION_BITS"]
+__all__ = ["quantize_rows_int8", "pack_w8a8_weight", "linear_w8a8_ref", "ACTIVATION_BITS", "WEIGHT_BITS"]
 
 PACKED_COLUMNS = 64  # output columns per block of the packed layout
 ACTIVATION_BITS = (8, 7)  # what linear_w8a8 quantises activations to
+WEIGHT_BITS = (8, 7)  # the range linear_w8a8's int8 weights hold: [-127, 127] or [-63, 63]
 
 
 def check_activation_bits(bits) -> int:
     """``bits`` as an int, or a one-line error naming what is allowed."""
     if isinstance(bits, bool) or bits not in ACTIVATION_BITS:
         raise ValueError(f"activation_bits must be 8 or 7, got {bits!r}")
+    return int(bits)
+
+
+def check_weight_bits(bits) -> int:
+    """``bits`` as an int, or a one-line error naming what is allowed."""
+    if isinstance(bits, bool) or bits not in WEIGHT_BITS:
+        raise ValueError(f"weight_bits must be 8 or 7, got {bits!r}")
     return int(bits)
 
 
@@ -68,8 +76,10 @@ def pack_w8a8_weight(qweight: torch.Tensor) -> torch.Tensor:
 
 def linear_w8a8_ref(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
                     bias: Optional[torch.Tensor] = None, packed: Optional[torch.Tensor] = None,
-                    activation_bits: int = 8) -> torch.Tensor:
+                    activation_bits: int = 8, weight_bits: int = 8) -> torch.Tensor:
     """``(xq @ qweight.T) * sx[:, None] * scale + bias`` with ``xq, sx = quantize_rows_int8(x, activation_bits)``.
+    ``weight_bits`` (8 or 7) only says what range ``qweight`` holds, for the kernels: the sums here
+    are exact either way.
 
     Shapes: ``x (..., K)`` floating, ``qweight (N, K)`` int8, ``scale (N,)``, ``bias (N,)``. The
     integer sums are exact (float64 holds them: |sum| <= 127² K); then, in float32, the two scales'
