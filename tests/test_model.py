@@ -313,9 +313,11 @@ def test_an_unbuilt_extension_is_reported_as_not_built(tmp_path):
     import sys
 
     package = Path(__file__).resolve().parent.parent / "convs2s_kernels"
-    shutil.copytree(package, tmp_path / "convs2s_kernels", ignore=shutil.ignore_patterns("_C.*", "__pycache__"))
-    code = ("import convs2s_kernels as ck\n"
-            "print(ck.available_backends()['cpp'])\n")
+    # under another name: an editable install's import hook would hand back the built package itself
+    shutil.copytree(package, tmp_path / "unbuilt_kernels", ignore=shutil.ignore_patterns("_C.*", "__pycache__"))
+    code = ("import unbuilt_kernels as ck\n"
+            "assert ck.__file__.startswith(%r), ck.__file__\n"
+            "print(ck.available_backends()['cpp'])\n" % str(tmp_path))
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert res.returncode == 0, res.stderr
