@@ -58,11 +58,12 @@ def device():
 
 @pytest.fixture(scope="session")
 def peaks(request, device):
-    """The GEMM peak per dtype (and int8, 8- and 7-bit activations, on CPUs) and the copy bandwidth,
-    measured once in this session."""
+    """The GEMM peak per dtype (and int8: 8- and 7-bit activations, and 7-bit activations and
+    weights, on CPUs) and the copy bandwidth, measured once in this session."""
     disabled = request.config.getoption("benchmark_disable", default=False)
     cpu = device.type == "cpu"
-    return measure_peaks(device, dtypes=tuple(DTYPES.values()), small=SMOKE or disabled, int8=cpu, int7=cpu)
+    return measure_peaks(device, dtypes=tuple(DTYPES.values()), small=SMOKE or disabled, int8=cpu, int7=cpu,
+                         w7a7=cpu)
 
 
 @pytest.fixture

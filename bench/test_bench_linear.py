@@ -13,7 +13,7 @@ import torch
 import convs2s_kernels as ck
 from convs2s_kernels.tune import Shape, ensure
 
-from convs2s_bench.harness import DTYPES, record, rotating, run_timed, shapes
+from convs2s_bench.harness import DTYPES, packed_copies, record, rotating, run_timed, shapes
 
 TUNED_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 FEW_ROW_SHAPES = shapes(paper=[(m, k, n) for m in (1, 5, 8, 12, 16)
@@ -52,7 +52,7 @@ INT8_SHAPES = FEW_ROW_SHAPES + shapes(paper=[(m, k, n) for m in (32, 64, 160) fo
                               smoke=[(70, 16, 24)])
 INT8_PROVIDERS = {"reference": ck.linear_int8, "cpp": ck.linear_int8,
                   "w8a8-reference": ck.linear_w8a8, "w8a8-cpp": ck.linear_w8a8, "w8a8-packed-cpp": ck.linear_w8a8,
-                  "w7a8-packed-cpp": ck.linear_w8a8}
+                  "w7a8-packed-cpp": ck.linear_w8a8, "w7a7-packed-cpp": ck.linear_w8a8}
 
 
 @pytest.mark.parametrize("shape", [pytest.param(s, id=f"M{s[0]}_K{s[1]}_N{s[2]}") for s in INT8_SHAPES])
@@ -62,13 +62,15 @@ def test_linear_int8(benchmark, runnable, peaks, device, provider, shape):
     path, ``linear`` with the kernel choice measured for the shape); ``reference``/``cpp`` are
     weight-only int8 (``linear_int8``), ``w8a8-*`` int8 weights and activations (``linear_w8a8``;
     ``w8a8-packed-cpp`` with the weight packed once, ``pack_w8a8_weight``, as a decoder does;
-    ``w7a8-packed-cpp`` the same with 7-bit activations, ``activation_bits=7``).
+    ``w7a8-packed-cpp`` the same with 7-bit activations, ``activation_bits=7``; ``w7a7-packed-cpp``
+    with 7-bit weights too, ``quantize_int8(w, bits=7)`` and ``weight_bits=7``).
     The int8 references run the definition (dequantise, or exact integer sums), not a fast path."""
     m, k, n = shape
     x = torch.randn(m, k, device=device)
     w = torch.randn(n, k, device=device) / k ** 0.5
     b = torch.randn(n, device=device)
-    q, s = ck.quantize_int8(w)
+    seven = {"w7a8": dict(activation_bits=7), "w7a7": dict(activation_bits=7, weight_bits=7)}.get(provider[:4], {})
+    q, s = ck.quantize_int8(w, bits=seven.get("weight_bits", 8))
     if provider == "fp32-weights":
         if device.type == "cpu" and ck.available_backends()["cpp"] is None:
             ensure([Shape("nk", "float32", k, n)])
@@ -82,25 +84,21 @@ def test_linear_int8(benchmark, runnable, peaks, device, provider, shape):
         op, backend = INT8_PROVIDERS[provider], provider.split("-")[-1]
         runnable(backend, op.__name__, x, q, s, b)
         qweight = rotating(q, device)
-        # one packed copy per weight copy, in the order the rounds meet them
-        packs = [ck.pack_w8a8_weight(qweight()) for _ in range(qweight.count)] if "packed" in provider else None
-        turn = {"i": 0}
+        packs = packed_copies(qweight, ck.pack_w8a8_weight, "int8", enabled="packed" in provider)
 
         def run():
-            extra = {"activation_bits": 7} if provider.startswith("w7a8") else {}
-            if packs is not None:
-                extra["packed"] = packs[turn["i"]]
-                turn["i"] = (turn["i"] + 1) % len(packs)
+            weight = qweight()
+            extra = dict(seven, packed=packs[weight.data_ptr()]) if packs else seven
             with torch.no_grad():
-                return op(x, qweight(), s, b, backend=backend, **extra)
+                return op(x, weight, s, b, backend=backend, **extra)
         if backend == "cpp":  # the op checks each new weight tensor once (its int8 range): not in the rounds
             for _ in range(qweight.count):
                 run()
         weight_bytes = q.numel() + 4 * n
     benchmark.group = f"linear_int8 M{m} K{k} N{n}"
     run_timed(benchmark, run, device)
-    # w8a8 multiplies int8 by int8: held against the int8 GEMM peak (w7a8: with 7-bit activations);
-    # the others compute in fp32
-    dtype_name = {"w8a8": "int8", "w7a8": "int7"}.get(provider.split("-")[0], "fp32")
+    # w8a8 multiplies int8 by int8: held against the int8 GEMM peak (w7a8: with 7-bit activations,
+    # w7a7: 7-bit weights too); the others compute in fp32
+    dtype_name = {"w8a8": "int8", "w7a8": "int7", "w7a7": "w7a7"}.get(provider.split("-")[0], "fp32")
     record(benchmark, flops=2.0 * m * k * n, bytes_moved=weight_bytes + 4 * (n + m * (k + n)),
            peaks=peaks, dtype_name=dtype_name)

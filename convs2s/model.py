@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 import convs2s_kernels as ck
+from convs2s_kernels.ops.linear_w8a8.reference import check_weight_bits
 
 from .architectures import ConfigError, ConvS2SConfig, get_config
 from .decoder import Decoder, DecoderState
@@ -157,14 +158,13 @@ class ConvS2SModel(nn.Module):
     def _quantize_int8(self, part: nn.Module, enabled: bool, activations: str, weight_bits: int) -> "ConvS2SModel":
         if activations not in INT8_ACTIVATIONS:
             raise ValueError(f"activations must be one of {', '.join(map(repr, INT8_ACTIVATIONS))}, got {activations!r}")
-        if isinstance(weight_bits, bool) or weight_bits not in (8, 7):
-            raise ValueError(f"weight_bits must be 8 or 7, got {weight_bits!r}")
+        weight_bits = check_weight_bits(weight_bits)
         for m in part.modules():
             if isinstance(m, WeightNormed):
                 m.use_int8 = enabled
                 m.int8_activations = activations != "float"
                 m.int8_activation_bits = 7 if activations == "int7" else 8
-                m.int8_weight_bits = int(weight_bits)
+                m.int8_weight_bits = weight_bits
         return self
 
     def num_parameters(self) -> int:

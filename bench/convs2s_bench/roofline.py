@@ -73,21 +73,21 @@ def int8_gemm_peak_gops(n: int = 2048, repeats: int = 5, activation_bits: int = 
     limit the kernel itself sets would hide how far below the instructions' rate it runs.
     ``activation_bits`` 7: the kernel and the dot products with 7-bit activations; ``weight_bits``
     7 with 7-bit weights too (the AVX2 kernel's paired groups)."""
-    return int8_gemm_peaks_gops(n, repeats, (activation_bits,), weight_bits)[activation_bits]
+    return int8_gemm_peaks_gops(n, repeats, ((activation_bits, weight_bits),))[(activation_bits, weight_bits)]
 
 
-def int8_gemm_peaks_gops(n: int = 2048, repeats: int = 5, activation_bits: Iterable[int] = (8,),
-                         weight_bits: int = 8) -> Dict[int, float]:
-    """:func:`int8_gemm_peak_gops` for each of ``activation_bits``, the library's product (which
-    quantises nothing: the same for every width) timed once."""
+def int8_gemm_peaks_gops(n: int = 2048, repeats: int = 5,
+                         widths: Iterable[Tuple[int, int]] = ((8, 8),)) -> Dict[Tuple[int, int], float]:
+    """:func:`int8_gemm_peak_gops` for each ``(activation_bits, weight_bits)`` of ``widths``, the
+    library's product (which quantises nothing: the same for every width) timed once."""
     device = torch.device("cpu")
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
     b = torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=gen)
     library = 2.0 * n ** 3 / _best_seconds(lambda: torch._int_mm(a, b), device, repeats) / 1e9
-    return {bits: max(library, int8_kernel_peak_gops(n, repeats=repeats, activation_bits=bits, weight_bits=weight_bits) or 0.0,
-                      int8_dot_peak_gops(repeats=min(repeats, 3), activation_bits=bits, weight_bits=weight_bits) or 0.0)
-            for bits in activation_bits}
+    return {(a, w): max(library, int8_kernel_peak_gops(n, repeats=repeats, activation_bits=a, weight_bits=w) or 0.0,
+                        int8_dot_peak_gops(repeats=min(repeats, 3), activation_bits=a, weight_bits=w) or 0.0)
+            for a, w in widths}
 
 
 def int8_dot_peak_gops(repeats: int = 3, iters: int = 5_000_000, activation_bits: int = 8,
@@ -224,16 +224,18 @@ class LimitSampler:
 
 
 def measure_peaks(device="cpu", dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16),
-                  small: bool = False, int8: bool = False, int7: bool = False) -> Dict[str, float]:
+                  small: bool = False, int8: bool = False, int7: bool = False, w7a7: bool = False) -> Dict[str, float]:
     """``{"gemm_gflops_fp32": ..., "gemm_gflops_bf16": ..., "copy_gbps": ...}``; ``small`` for smoke runs;
     ``int8`` adds ``gemm_gflops_int8`` (GOP/s of :func:`int8_gemm_peak_gops`, CPUs only), ``int7``
-    ``gemm_gflops_int7`` (the same with 7-bit activations)."""
+    ``gemm_gflops_int7`` (the same with 7-bit activations), ``w7a7`` ``gemm_gflops_w7a7`` (7-bit
+    activations and weights)."""
     names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
     n, mb, reps = (256, 8, 1) if small else (2048, None, 5)
     peaks = {f"gemm_gflops_{names[d]}": gemm_peak_gflops(device, d, n, reps) for d in dtypes}
-    widths = [bits for bits, asked in ((8, int8), (7, int7)) if asked]  # gemm_gflops_int8, gemm_gflops_int7
+    names_of = {(8, 8): "int8", (7, 8): "int7", (7, 7): "w7a7"}  # (activation, weight) bits -> gemm_gflops_<name>
+    widths = [bits for bits, asked in zip(names_of, (int8, int7, w7a7)) if asked]
     if widths and torch.device(device).type == "cpu":
-        peaks.update({f"gemm_gflops_int{bits}": gops for bits, gops in int8_gemm_peaks_gops(n, reps, widths).items()})
+        peaks.update({f"gemm_gflops_{names_of[bits]}": gops for bits, gops in int8_gemm_peaks_gops(n, reps, widths).items()})
     peaks["copy_gbps"] = copy_peak_gbps(device, mb, reps)
     peaks["peak_threads"] = torch.get_num_threads()
     return peaks
