@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import convs2s_kernels as ck
+from convs2s_kernels._checks import write_version
 from convs2s_kernels.huge_pages import on_huge_pages
 from convs2s_kernels.ops.conv_glu import conv_padding
 
@@ -68,7 +69,7 @@ class WeightNormed(nn.Module):
             return v * (g / self._norm(v, self.wn_dim))
         # Inference: compute W once and reuse it until g or v change (their version counters
         # move on every in-place update, e.g. an optimiser step or load_state_dict).
-        key = (v._version, g._version, v.data_ptr(), g.data_ptr(), v.dtype, v.device, self.wn_dim)
+        key = (write_version(v), write_version(g), v.data_ptr(), g.data_ptr(), v.dtype, v.device, self.wn_dim)
         if getattr(self, "_wn_cache_key", None) != key:
             self._wn_cache = (v * (g / self._norm(v, self.wn_dim))).detach()
             self._wn_cache_key = key
@@ -95,7 +96,7 @@ class WeightNormed(nn.Module):
         if not self.use_int8:
             return None
         w = self.effective_weight()
-        key = (w.data_ptr(), w._version, w.dtype, w.device, self.int8_weight_bits)
+        key = (w.data_ptr(), write_version(w), w.dtype, w.device, self.int8_weight_bits)
         if getattr(self, "_int8_key", None) != key:
             with torch.no_grad():
                 self._int8 = ck.quantize_int8(self._int8_matrix(), bits=self.int8_weight_bits)
@@ -148,7 +149,7 @@ class WeightNormed(nn.Module):
         w = self.effective_weight()
         if torch.is_autocast_enabled(w.device.type):
             return None
-        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        key = (w.data_ptr(), write_version(w), w.dtype, w.device)
         packs = self.__dict__.setdefault("_packs", {})
         if packs.get(slot, (None,))[0] != key:
             packs[slot] = (key, pack(w))

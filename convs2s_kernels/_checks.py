@@ -72,3 +72,11 @@ def check_index(name: str, t: torch.Tensor, length: int, device: torch.device, *
         lo, hi = int(t.min()), int(t.max())
         if lo < low or hi > high:
             raise ValueError(f"{name} values must lie in [{low}, {high}], got min {lo}, max {hi}")
+
+
+def write_version(t: torch.Tensor) -> Optional[int]:
+    """``t._version`` (moved on by every in-place write), what the once-per-tensor checks and the
+    model's derived copies key on; None for an inference tensor (made under
+    ``torch.inference_mode()``), which keeps no version counter: such a tensor can only be written
+    inside inference mode, and a write there goes unseen (keyed on its storage alone)."""
+    return None if t.is_inference() else t._version

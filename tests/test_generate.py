@@ -232,3 +232,41 @@ def test_decoding_under_bf16_autocast_matches_the_reference_backend(model, fold)
         assert abs(ref[0]["score"] - native[0]["score"]) < 0.05
         same += ref[0]["tokens"].tolist() == native[0]["tokens"].tolist()
     assert same >= len(src) - 1
+
+
+@pytest.mark.parametrize("weights", ["fp32", "int8", "w7a7"])
+@pytest.mark.parametrize("fold", [False, True])
+def test_decoding_under_inference_mode_equals_no_grad(weights, fold):
+    """``torch.inference_mode()`` tensors keep no version counter: the model's derived copies
+    (weight norm, packings, int8 weights) and the ops' once-per-tensor checks are made and found
+    inside it, decode exactly as under ``no_grad`` on every backend, and an in-place weight update
+    made afterwards is still seen."""
+    import convs2s_kernels as ck
+
+    torch.manual_seed(3)
+    m = convs2s.build_model("fconv_iwslt_de_en", V_SRC, V_TGT, encoder_layers="[(64, 3)] * 2",
+                            decoder_layers="[(64, 3)] * 2", encoder_embed_dim=32, decoder_embed_dim=32,
+                            decoder_out_embed_dim=32).eval()
+    if weights != "fp32":
+        m.quantize_decoder_int8(activations="int7" if weights == "w7a7" else "int8",
+                                weight_bits=7 if weights == "w7a7" else 8)
+        m.quantize_encoder_int8(activations="int8")
+    src = sources(5)
+    kw = dict(beam=3, nbest=3, max_len_a=1.0, max_len_b=4, fold_attention=fold)
+    backends = [b for b in ("reference", "cpp") if ck.available_backends()[b] is None]
+    assert "reference" in backends
+    for backend in backends:
+        m.use_backend(backend)
+        for update in range(2):
+            with torch.inference_mode():
+                inside = convs2s.generate(m, src, **kw)
+            with torch.no_grad():
+                outside = convs2s.generate(m, src, **kw)
+                m.decoder.fc3.weight_g.mul_(3)  # seen by the next round's copies
+            for a, b in zip(inside, outside):
+                assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b]
+                assert [h["score"] for h in a] == [h["score"] for h in b]
+            if update == 0:
+                first = inside
+        assert [h[0]["score"] for h in first] != [h[0]["score"] for h in inside], "the weight update went unseen"
+    m.use_backend(None)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from .._checks import write_version
 from ..extension import native
 
 
 def _contents_key(t: torch.Tensor) -> tuple:
-    return t.data_ptr(), t._version, tuple(t.shape), t.dtype
+    return t.data_ptr(), write_version(t), tuple(t.shape), t.dtype
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

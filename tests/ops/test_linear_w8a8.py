@@ -170,6 +170,22 @@ def test_weight_bits_must_be_8_or_7_and_match_the_weight():
             ck.extension.native().linear_w8a8_with(x, q, s, None, -1, None, 8, 6)
 
 
+def test_weights_made_under_inference_mode_are_checked_once_too():
+    """Inference tensors keep no version counter: their range and packing are still checked (once)."""
+    with torch.inference_mode():
+        x, q, s, b = _case(3, 16, 8)
+        packed = ck.pack_w8a8_weight(q)
+        want = ck.linear_w8a8_ref(x, q, s, b)
+        assert_close("linear_w8a8", ck.linear_w8a8(x, q, s, b, packed=packed), want)
+        assert_close("linear_w8a8", ck.linear_w8a8(x, q, s, b, packed=packed), want)
+        bad = q.clone()
+        bad[0, 0] = -128
+        with pytest.raises(ValueError, match="qweight holds -128"):
+            ck.linear_w8a8(x, bad, s, b)
+        with pytest.raises(ValueError, match="packed is not pack_w8a8_weight"):
+            ck.linear_w8a8(x, q, s, b, packed=ck.pack_w8a8_weight(q.flip(0)))
+
+
 @torch.no_grad()
 def test_seven_bit_quantiser_range_and_error():
     """7 bits: |xq| <= 63 with the row's max at 63, error at most half a step (sx = max|x| / 63),

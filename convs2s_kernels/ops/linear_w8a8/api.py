@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from ..._checks import write_version
 from ...dispatch import resolve
 from ..linear_int8.api import check_int8_linear_args
 from .reference import check_activation_bits, check_weight_bits, pack_w8a8_weight, packed_shape
@@ -16,7 +17,7 @@ __all__ = ["linear_w8a8", "check_packed", "check_weight_range"]
 def _contents_key(t: torch.Tensor) -> tuple:
     """What a once-per-tensor check keys on: storage and version (moved on by in-place writes), and
     shape and strides (a view shares the first two)."""
-    return t._version, t.data_ptr(), t.shape, t.stride()
+    return write_version(t), t.data_ptr(), t.shape, t.stride()
 
 
 def check_weight_range(qweight: torch.Tensor, weight_bits: int = 8) -> None:
