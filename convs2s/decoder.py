@@ -56,18 +56,27 @@ class FoldedAttention:
     """
 
     def __init__(self, layer: "AttentionLayer", enc: EncoderOut, backend: Optional[str] = None):
-        w_in, b_in = layer.in_projection.effective_weight(), layer.in_projection.bias  # (E, C), (E,)
-        w_out = layer.out_projection.effective_weight()  # (C, E)
+        inp, out = layer.in_projection, layer.out_projection
+        w_in, b_in = inp.effective_weight(), inp.bias  # (E, C), (E,)
+        self.z_bias = torch.matmul(enc.z, b_in)  # (B, S)
+        self.b_out = out.bias
+        keys, values = inp.fold_int8(transposed=True), out.fold_int8()
+        if keys is not None and values is not None:
+            # an int8 x int8 step folds in int8 too, quantised as its own projections are: whole
+            # capped w7a7e decodes 0.96x the time of a float fold (bench/results/amd-zen5-2c)
+            self.z_in = ck.linear_w8a8(enc.z, keys[0], keys[1], packed=keys[2], backend=backend,
+                                       **inp.int8_activation_options())
+            self.y_out = ck.linear_w8a8(enc.y, values[0], values[1], packed=values[2], backend=backend,
+                                        **out.int8_activation_options())
+            return
         # B * S rows each through the dispatched linear, on the cpp backend with both weights packed
         # as (E, C) matrices: the few-row kernel where measured faster than the GEMM for these
         # shapes (convs2s_kernels.tune; step_shapes.fold_weight_shapes), in pieces past its row cap.
         packs = cpp_may_run(enc.z, backend)  # only cpp reads them
         self.z_in = ck.linear(enc.z, w_in.t(), backend=backend,
-                              packed=layer.in_projection.fold_packed(transposed=True) if packs else None)  # (B, S, C)
-        self.z_bias = torch.matmul(enc.z, b_in)  # (B, S)
-        self.y_out = ck.linear(enc.y, w_out, backend=backend,
-                               packed=layer.out_projection.fold_packed() if packs else None)  # (B, S, C)
-        self.b_out = layer.out_projection.bias
+                              packed=inp.fold_packed(transposed=True) if packs else None)  # (B, S, C)
+        self.y_out = ck.linear(enc.y, out.effective_weight(), backend=backend,
+                               packed=out.fold_packed() if packs else None)  # (B, S, C)
 
     def index_select(self, index: torch.Tensor) -> None:
         self.z_in, self.z_bias, self.y_out = (t.index_select(0, index) for t in (self.z_in, self.z_bias, self.y_out))

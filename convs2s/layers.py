@@ -230,6 +230,27 @@ class Linear(WeightNormed):
             return self._inference_pack("transposed", lambda w: ck.pack_linear_weight(w.t()))
         return self._inference_pack("step", self._pack_for_step)
 
+    def fold_int8(self, transposed: bool = False) -> Optional[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
+        """The attention fold's int8 operands where this layer's decoding step multiplies int8 by
+        int8 (``use_int8`` with int8 activations), so that the fold is quantised as the step is:
+        ``(qweight, scale, packed or None)`` of ``W`` (the step's own), or of ``W^T`` quantised per
+        row with the step's weight bits (``transposed``: the keys times ``W_in``), kept until the
+        weight changes. None otherwise, and in training, with gradients or under autocast (the fold
+        then multiplies the float weights)."""
+        if not (self.use_int8 and self.int8_activations):
+            return None
+        bits = self.int8_weight_bits
+
+        def quantize_transposed(w: torch.Tensor):
+            q, s = ck.quantize_int8(w.t(), bits=bits)
+            return q, s, (on_huge_pages(ck.pack_w8a8_weight(q)) if self.packs_int8(q) else None)
+
+        held = self._inference_pack(f"fold-int8-{bits}", quantize_transposed)  # None where no copy may be kept
+        if held is None or transposed:
+            return held
+        q, s = self.int8_weight()
+        return q, s, self.int8_extra().get("packed")
+
     def forward(self, x: torch.Tensor, backend: Optional[str] = NO_DISPATCH) -> torch.Tensor:
         """``x W^T + b``: plain ``F.linear`` (``NO_DISPATCH``), or the dispatched ``linear`` op for a
         backend request (None: the dispatcher's default), int8 weights when decoding with them, the

@@ -138,9 +138,10 @@ class ConvS2SModel(nn.Module):
         ``"float"`` keeps float32 activations and sums (weight-only,
         :func:`convs2s_kernels.linear_int8`). ``weight_bits=7`` quantises the weights to [-63, 63]
         instead of [-127, 127], twice as coarse: with ``"int7"`` activations the AVX2 kernel then adds
-        two products' pairs before widening them (fewer instructions; no change with VNNI). The
-        parameters and the full forward (training, scoring) are untouched; ``enabled=False`` turns it
-        off."""
+        two products' pairs before widening them (fewer instructions; no change with VNNI). With int8
+        or int7 activations, folded attention (``fold_attention=True``) multiplies its per-sentence
+        products in int8 as well (``Linear.fold_int8``). The parameters and the full forward
+        (training, scoring) are untouched; ``enabled=False`` turns it off."""
         return self._quantize_int8(self.decoder, enabled, activations, weight_bits)
 
     def quantize_encoder_int8(self, enabled: bool = True, *, activations: str = "int8",

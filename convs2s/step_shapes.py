@@ -82,13 +82,22 @@ def step_weight_shapes(decoder: nn.Module) -> List[Shape]:
 
 def fold_weight_shapes(decoder: nn.Module) -> List[Shape]:
     """The products that fold attention into a sentence's state (decoder.FoldedAttention), each
-    layer's: the encoder's keys times W_in and its values times W_out^T, both (E, C) matrices read
-    packed (form kp: Linear.fold_packed), float whatever the step's weights, with B * S rows, timed
-    as cold as one fold leaves them."""
+    layer's: the encoder's keys times W_in and its values times W_out^T, both (E, C) matrices, with
+    B * S rows, timed as cold as one fold leaves them. Float weights read packed (form kp:
+    Linear.fold_packed), also under a step with int8 weights and float activations; a step with int8
+    weights and activations folds in int8 (Linear.fold_int8: form w8a8 or w7a8, as its own products)."""
     layers = [a for a in decoder.attention if a is not None]
     dtype = _DTYPES.get(decoder.fc1.bias.dtype)
     if not layers or dtype is None:
         return []
+    projection = layers[0].in_projection
+    if projection.use_int8 and projection.int8_activations:
+        if not w8a8_has_choice():
+            return []
+        form = "w7a8" if projection.int8_activation_bits == 7 else "w8a8"
+        stream = stream_mb(sum(2 * a.in_projection.in_features * a.in_projection.out_features for a in layers))
+        return list(dict.fromkeys(
+            Shape(form, "int8", a.in_projection.out_features, a.in_projection.in_features, stream) for a in layers))
     stream = stream_mb(sum(2 * a.in_projection.in_features * a.in_projection.out_features * decoder.fc1.bias.element_size()
                            for a in layers))
     return list(dict.fromkeys(

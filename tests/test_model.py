@@ -12,6 +12,7 @@ import convs2s_kernels as ck
 from convs2s.architectures import ARCHITECTURES, ConfigError, UnknownOptionError, parse_layer_spec
 from convs2s.special_tokens import EOS, PAD
 from convs2s_kernels.ops.conv_glu import conv_glu_ref
+from convs2s_kernels.testing import assert_close
 from harness import require_or_skip, required_backends
 
 V_SRC, V_TGT = 37, 41
@@ -359,6 +360,51 @@ def test_int8_decoding_is_close_to_fp32_and_equal_across_backends(activations):
     assert torch.equal(again, fp32), "turning int8 off restores the float32 weights exactly"
     with pytest.raises(ValueError, match="activations must be one of 'int8', 'int7', 'float', got 'fp8'"):
         model.quantize_decoder_int8(activations="fp8")
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("bits", [(8, 8), (7, 8), (7, 7)], ids=["int8", "int7", "w7a7"])
+@pytest.mark.parametrize("backend", ["cpp", "reference"])
+def test_an_int8_step_folds_attention_in_int8(bits, backend):
+    """A step with int8 weights and activations folds in int8 as well: the keys times W_in through
+    linear_w8a8 with W_in^T quantised per row (its own copy, packed on the CPU, kept while the weight
+    stays), the values through the out projection's own int8 weight; no float products. Equal to
+    the reference op on the same quantised weights, close to the float fold, and a change of the
+    weight bits is a new quantisation."""
+    from convs2s.decoder import FoldedAttention
+
+    if backend == "cpp":
+        require_or_skip("cpp")
+    activation_bits, weight_bits = bits
+    model = convs2s.build_model("fconv_iwslt_de_en", 50, 60).eval()
+    model.quantize_decoder_int8(True, activations="int7" if activation_bits == 7 else "int8", weight_bits=weight_bits)
+    g = torch.Generator().manual_seed(7)
+    enc = model.encode(torch.cat([torch.randint(4, 50, (3, 29), generator=g), torch.full((3, 1), 2)], 1))
+    layers = [a for a in model.decoder.attention if a is not None]
+    with ck.count_dispatches() as counts, torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        folded = [FoldedAttention(a, enc, backend=backend) for a in layers]
+    assert counts[("linear_w8a8", backend)] == 2 * len(layers) and counts[("linear", backend)] == 0
+    if backend == "cpp":  # (the reference op itself multiplies with aten::mm)
+        assert not any(e.name in ("convs2s::few_rows_kn_packed", "aten::mm", "aten::addmm") for e in prof.events())
+    opts = dict(activation_bits=activation_bits, weight_bits=weight_bits)
+    for a, f in zip(layers, folded):
+        w_in, w_out = a.in_projection.effective_weight(), a.out_projection.effective_weight()
+        q_in, s_in = ck.quantize_int8(w_in.t(), bits=weight_bits)
+        q_out, s_out = ck.quantize_int8(w_out, bits=weight_bits)
+        assert_close("linear_w8a8", f.z_in, ck.linear_w8a8_ref(enc.z, q_in, s_in, **opts))
+        assert_close("linear_w8a8", f.y_out, ck.linear_w8a8_ref(enc.y, q_out, s_out, **opts))
+        for got, want in ((f.z_in, torch.matmul(enc.z, w_in)), (f.y_out, torch.matmul(enc.y, w_out.t()))):
+            rel = ((got - want).norm() / want.norm()).item()
+            assert 0 < rel < (0.05 if 7 in bits else 0.02), rel
+    keys = layers[0].in_projection.fold_int8(transposed=True)
+    assert keys is layers[0].in_projection.fold_int8(transposed=True)  # kept while the weight stays
+    assert (keys[2] is not None) == (layers[0].in_projection.packs_int8(keys[0]))
+    other = 8 if weight_bits == 7 else 7
+    model.quantize_decoder_int8(True, activations="int7", weight_bits=other)
+    again = layers[0].in_projection.fold_int8(transposed=True)
+    assert again[0].abs().max() <= (63 if other == 7 else 127) and not torch.equal(again[0], keys[0])
+    model.quantize_decoder_int8(True, activations="float")
+    assert layers[0].in_projection.fold_int8(transposed=True) is None  # float activations fold in float
 
 
 @pytest.mark.parametrize("part", ["decoder", "encoder"])

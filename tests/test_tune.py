@@ -342,14 +342,23 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     with torch.no_grad():
         model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2)
     assert asked == [int8]
-    # folding attention: each layer's fold products too, in float whatever the step's weights (E = 256,
-    # C = 256 in every layer of this architecture: keys x W_in and values x W_out^T, both packed (E, C))
+    # folding attention: each layer's fold products too (E = 256, C = 256 in every layer of this
+    # architecture: keys x W_in and values x W_out^T, both (E, C)), in float under float activations,
+    # packed, and in int8 where the step multiplies int8 by int8 (Linear.fold_int8), a quarter of the bytes
     folds = [s.name for s in fold_weight_shapes(model.decoder)]
     fold_bytes = 4 * 2 * 256 * 256 * sum(a is not None for a in model.decoder.attention)
     assert folds == [f"kp:float32:256x256@{tune.stream_mb(fold_bytes)}MB"]
     with torch.no_grad():
         model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2, fold_attention=True)
     assert asked[-1] == int8 + folds
+    for activations, form in (("int8", "w8a8"), ("int7", "w7a8")):
+        model.quantize_decoder_int8(activations=activations)
+        int8_folds = [s.name for s in fold_weight_shapes(model.decoder)]
+        want = [f"{form}:int8:256x256@{tune.stream_mb(fold_bytes // 4)}MB"] if tune.w8a8_has_choice() else []
+        assert int8_folds == want
+        with torch.no_grad():
+            model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2, fold_attention=True)
+        assert asked[-1] == [s.name for s in step_weight_shapes(model.decoder)] + want
 
 
 def test_the_encoder_asks_for_its_weight_shapes_only_when_translating(fresh, monkeypatch):
@@ -444,18 +453,19 @@ def test_the_attention_fold_runs_the_library_chosen_for_its_shapes(fresh):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8-step"])
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8-weights-float-activations"])
 def test_the_attention_fold_reads_both_weights_packed_on_the_kernel_chosen_for_them(fresh, int8):
     """With the few-row kernel chosen for the fold's shape, each layer's two products read the
     packed (E, C) matrices (Linear.fold_packed), in 64-row pieces past the kernels' cap: 3 x 30 = 90
-    rows make two kernel calls per product. An int8 step changes nothing here (the fold multiplies
-    float weights). The folded products equal the plain ones to float32 rounding."""
+    rows make two kernel calls per product. A step with int8 weights and float activations changes
+    nothing here (the fold multiplies float weights). The folded products equal the plain ones to
+    float32 rounding."""
     from convs2s.decoder import FoldedAttention
 
     C = native()
     model = build_model("fconv_iwslt_de_en", 50, 60).eval()
     if int8:
-        model.quantize_decoder_int8(True, activations="int8")
+        model.quantize_decoder_int8(True, activations="float")
     g = torch.Generator().manual_seed(7)
     enc = model.encode(torch.cat([torch.randint(4, 50, (3, 29), generator=g), torch.full((3, 1), 2)], 1))
     layers = [a for a in model.decoder.attention if a is not None]
