@@ -20,7 +20,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import convs2s_kernels as ck
-from convs2s_kernels._checks import write_version
 from convs2s_kernels.huge_pages import on_huge_pages
 from convs2s_kernels.ops.conv_glu import conv_padding
 
@@ -69,7 +68,7 @@ class WeightNormed(nn.Module):
             return v * (g / self._norm(v, self.wn_dim))
         # Inference: compute W once and reuse it until g or v change (their version counters
         # move on every in-place update, e.g. an optimiser step or load_state_dict).
-        key = (write_version(v), write_version(g), v.data_ptr(), g.data_ptr(), v.dtype, v.device, self.wn_dim)
+        key = (ck.write_version(v), ck.write_version(g), v.data_ptr(), g.data_ptr(), v.dtype, v.device, self.wn_dim)
         if getattr(self, "_wn_cache_key", None) != key:
             self._wn_cache = (v * (g / self._norm(v, self.wn_dim))).detach()
             self._wn_cache_key = key
@@ -96,7 +95,7 @@ class WeightNormed(nn.Module):
         if not self.use_int8:
             return None
         w = self.effective_weight()
-        key = (w.data_ptr(), write_version(w), w.dtype, w.device, self.int8_weight_bits)
+        key = (w.data_ptr(), ck.write_version(w), w.dtype, w.device, self.int8_weight_bits)
         if getattr(self, "_int8_key", None) != key:
             with torch.no_grad():
                 self._int8 = ck.quantize_int8(self._int8_matrix(), bits=self.int8_weight_bits)
@@ -149,7 +148,7 @@ class WeightNormed(nn.Module):
         w = self.effective_weight()
         if torch.is_autocast_enabled(w.device.type):
             return None
-        key = (w.data_ptr(), write_version(w), w.dtype, w.device)
+        key = (w.data_ptr(), ck.write_version(w), w.dtype, w.device)
         packs = self.__dict__.setdefault("_packs", {})
         if packs.get(slot, (None,))[0] != key:
             packs[slot] = (key, pack(w))
@@ -230,7 +229,8 @@ class Linear(WeightNormed):
             return self._inference_pack("transposed", lambda w: ck.pack_linear_weight(w.t()))
         return self._inference_pack("step", self._pack_for_step)
 
-    def fold_int8(self, transposed: bool = False) -> Optional[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
+    def fold_int8(self, transposed: bool = False
+                  ) -> Optional[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
         """The attention fold's int8 operands where this layer's decoding step multiplies int8 by
         int8 (``use_int8`` with int8 activations), so that the fold is quantised as the step is:
         ``(qweight, scale, packed or None)`` of ``W`` (the step's own), or of ``W^T`` quantised per

@@ -21,7 +21,7 @@ Each has a pure-PyTorch twin ``<op>_ref`` (also in :mod:`convs2s_kernels.referen
 """
 
 from . import extension  # noqa: F401  (the cpp backend's availability)
-from ._checks import indices_trusted, trusted_indices
+from ._checks import indices_trusted, trusted_indices, write_version
 from .dispatch import (BackendUnavailableError, Capability, available_backends, count_dispatches,
                        requested_backends, selected_backend_name)
 from .dispatch import reasons as backend_reasons
@@ -45,4 +45,5 @@ __all__ = [
     "FinishedHypotheses",
     "available_backends", "backend_reasons", "requested_backends", "selected_backend_name", "count_dispatches",
     "BackendUnavailableError", "Capability", "reference", "trusted_indices", "indices_trusted", "warmup",
+    "write_version",
 ]

@@ -381,7 +381,8 @@ def test_an_int8_step_folds_attention_in_int8(bits, backend):
     g = torch.Generator().manual_seed(7)
     enc = model.encode(torch.cat([torch.randint(4, 50, (3, 29), generator=g), torch.full((3, 1), 2)], 1))
     layers = [a for a in model.decoder.attention if a is not None]
-    with ck.count_dispatches() as counts, torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    cpu = [torch.profiler.ProfilerActivity.CPU]
+    with ck.count_dispatches() as counts, torch.profiler.profile(activities=cpu) as prof:
         folded = [FoldedAttention(a, enc, backend=backend) for a in layers]
     assert counts[("linear_w8a8", backend)] == 2 * len(layers) and counts[("linear", backend)] == 0
     if backend == "cpp":  # (the reference op itself multiplies with aten::mm)
