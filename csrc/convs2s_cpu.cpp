@@ -104,6 +104,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bias") = py::none());
   m.def("fma_peak_gflops", &convs2s::fma_peak_gflops, "GFLOP/s of register-only multiply-adds on every thread, "
         "at the kernels' instruction set (the machine's compute limit)", py::arg("iters") = 20000000);
+  m.def("read_peak_gbps", &convs2s::read_peak_gbps, "GB/s of one streaming read of a contiguous CPU tensor split "
+        "between every thread, prefetching ahead as the int8 kernels do (the memory's read limit)", py::arg("buffer"));
   m.def("int8_dot_peak_gops", &convs2s::int8_dot_peak_gops, "GOP/s of register-only exact int8 dot products on every "
         "thread, in the instructions linear_w8a8's kernels use for activation_bits and weight_bits (0 where they "
         "have none)", py::arg("iters") = 20000000, py::arg("activation_bits") = 8, py::arg("weight_bits") = 8);

@@ -34,6 +34,9 @@ std::vector<at::Tensor> beam_update(const at::Tensor& cand_scores, const at::Ten
 // GFLOP/s of register-only multiply-adds on every thread at the kernels' instruction set
 // (fma_peak.cpp): the compute limit a roofline divides by; `iters` rounds per thread.
 double fma_peak_gflops(int64_t iters);
+// GB/s of one streaming read of `buffer` split between every thread, prefetching ahead as the int8
+// kernels do (read_peak.cpp): the bandwidth limit a roofline divides by, beside a copy and a sum.
+double read_peak_gbps(const at::Tensor& buffer);
 // GOP/s (2 per multiply-add) of register-only exact int8 dot products on every thread, in the
 // instructions linear_w8a8's kernels use for activation_bits (VNNI, or AVX2's vpmaddubsw sequence,
 // shorter for 7-bit activations, two groups' pairs added before widening with 7-bit weights too); 0

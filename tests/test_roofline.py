@@ -116,3 +116,73 @@ def test_the_int8_kernel_runs_below_its_instructions_register_rate():
                 # 32 multiply-adds per 2 multiplies (64 per 3 paired) against 8 per FMA: at most 4x
                 # (6x) the FMA units' rate
                 assert float(dot) < (6 if bits == (7, 7) else 4) * float(fma), (bits, dot, fma)
+
+
+def test_a_case_streamed_from_memory_is_held_against_the_bandwidth_sampled_beside_it(monkeypatch):
+    """The memory's speed moves between phases on a VM: a case timed in a fast phase is held against
+    the best of the session's copy bandwidth and the samples right before (run_timed) and after it,
+    not failed against a slow session start; above them all it still fails, and a working set in the
+    cache keeps the cache's."""
+    from types import SimpleNamespace
+
+    from convs2s_bench import harness
+
+    def bench(median_s):
+        return SimpleNamespace(extra_info={}, stats=SimpleNamespace(stats=SimpleNamespace(median=median_s)))
+
+    peaks = {"copy_gbps": 50.0, "gemm_gflops_fp32": 1e6}
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(roofline, "copy_peak_gbps", lambda device="cpu", megabytes=None, repeats=5: 80.0)
+    fast = bench(1.0)
+    harness.record(fast, flops=1.0, bytes_moved=70e9, peaks=peaks, dtype_name="fp32", device=cpu)  # 70 GB/s
+    assert fast.extra_info["copy_gbps_beside"] == 80.0
+    assert fast.extra_info["fraction_of_copy_bandwidth"] == pytest.approx(70 / 80)
+    with pytest.raises(roofline.RooflineError, match="fraction_of_copy_bandwidth = 1.12 > 1"):
+        harness.record(bench(1.0), flops=1.0, bytes_moved=90e9, peaks=peaks, dtype_name="fp32", device=cpu)
+    monkeypatch.setattr(roofline, "copy_peak_gbps", lambda device="cpu", megabytes=None, repeats=5: 30.0)
+    slow = bench(1.0)  # a slower sample never lowers the session's limit
+    harness.record(slow, flops=1.0, bytes_moved=40e9, peaks=peaks, dtype_name="fp32", device=cpu)
+    assert slow.extra_info["copy_gbps_beside"] == 50.0
+    before = bench(1.0)  # run_timed's sample right before the rounds counts too
+    before.extra_info["copy_gbps_before"] = 95.0
+    harness.record(before, flops=1.0, bytes_moved=90e9, peaks=peaks, dtype_name="fp32", device=cpu)
+    assert before.extra_info["copy_gbps_beside"] == 95.0
+
+    class FakeBenchmark:
+        def __init__(self, disabled):
+            self.disabled, self.extra_info, self.rounds = disabled, {}, 0
+
+        def __call__(self, fn):
+            self.rounds += 1
+            return fn()
+
+    for disabled in (False, True):  # the smoke run (--benchmark-disable) samples nothing
+        fake = FakeBenchmark(disabled)
+        assert harness.run_timed(fake, lambda: 7, cpu) == 7 and fake.rounds == 1
+        assert fake.extra_info == ({} if disabled else {"copy_gbps_before": 30.0})
+    monkeypatch.setattr(harness, "_copy_at", {})
+    monkeypatch.setattr(roofline, "copy_peak_gbps", lambda device="cpu", megabytes=None, repeats=5: 300.0)
+    cached = bench(1.0)
+    harness.record(cached, flops=1.0, bytes_moved=200e9, peaks=peaks, dtype_name="fp32", device=cpu,
+                   working_set_bytes=1 << 20)
+    assert cached.extra_info["copy_gbps_for_working_set"] == 300.0 and "copy_gbps_beside" not in cached.extra_info
+
+
+def test_the_memory_limit_includes_a_prefetching_streaming_read(monkeypatch):
+    """The copy bandwidth is the best of a copy, the library's reads and the extension's streaming
+    read (which the int8 kernels' prefetching reads can otherwise outrun): a read probe above the
+    others sets the limit; the probe reads every byte once and refuses what it cannot read."""
+    from convs2s_kernels.extension import native
+
+    buf = torch.randn(1 << 20)
+    gbps = native().read_peak_gbps(buf)
+    assert 0 < gbps < 1e4
+    with pytest.raises(RuntimeError, match="read_peak_gbps: buffer must be a contiguous CPU tensor"):
+        native().read_peak_gbps(torch.randn(64, 64).t())
+    with pytest.raises(RuntimeError, match="read_peak_gbps: buffer must hold at least 64 bytes"):
+        native().read_peak_gbps(torch.empty(0))
+    monkeypatch.setattr(roofline, "read_probe_gbps", lambda src, repeats=1: 1e6)
+    assert roofline.copy_peak_gbps(megabytes=1, repeats=1) == 1e6
+    assert roofline.LimitSampler(1).sample()[0] == 1e6
+    monkeypatch.setattr(roofline, "read_probe_gbps", lambda src, repeats=1: 0.0)
+    assert 0 < roofline.copy_peak_gbps(megabytes=1, repeats=1) < 1e6

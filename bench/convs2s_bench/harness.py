@@ -5,6 +5,7 @@ Imports nothing of ``convs2s_kernels`` at module level: ``bench/conftest.py`` im
 before the kernels, whose import reads ``TRITON_INTERPRET``."""
 
 import os
+from typing import Optional
 
 import torch
 
@@ -24,18 +25,44 @@ def shapes(paper, smoke):
 _copy_at: dict = {}
 
 
+def in_cache(working_set_bytes: int, device: torch.device) -> bool:
+    """Whether a working set of this size stays in a CPU's last-level cache between rounds."""
+    from convs2s_kernels.env import last_level_cache_bytes
+
+    return device is not None and device.type == "cpu" and working_set_bytes < last_level_cache_bytes()
+
+
 def copy_bandwidth_for(working_set_bytes: int, device: torch.device, peaks: dict) -> float:
     """The copy bandwidth a working set of this size sees: the memory's (``peaks``) when it exceeds
     the last-level cache, else a copy of that size measured once (the cache it fits in)."""
-    from convs2s_kernels.env import last_level_cache_bytes
     from .roofline import copy_peak_gbps
 
-    if device.type != "cpu" or working_set_bytes >= last_level_cache_bytes():
+    if not in_cache(working_set_bytes, device):
         return peaks["copy_gbps"]
     mb = max(1, 1 << max(0, (working_set_bytes >> 20).bit_length()))  # power-of-two MB bucket above it
     if mb not in _copy_at:
         _copy_at[mb] = copy_peak_gbps(device, mb)
     return _copy_at[mb]
+
+
+def memory_bandwidth_sample(device: torch.device = None) -> Optional[float]:
+    """The memory's bandwidth now (:func:`roofline.copy_peak_gbps`, best of 3), on a CPU; else None."""
+    from .roofline import copy_peak_gbps
+
+    if device is not None and device.type != "cpu":
+        return None
+    return copy_peak_gbps(device or "cpu", repeats=3)
+
+
+def memory_bandwidth_beside(session_gbps: float, before_gbps: Optional[float] = None,
+                            device: torch.device = None) -> float:
+    """The memory's bandwidth as a case saw it: the best of the session's (measured at its start), a
+    sample taken right before the case's rounds (:func:`run_timed`) and one taken now, right after.
+    On a 2-vCPU VM the memory's speed moved between phases for seconds to minutes (a copy read 51.6
+    GB/s in one process and 85.7 in another, 49.7-89.4 between the cases of one run), so a limit
+    measured once let a case timed in a fast phase exceed it by 1.03-1.71x."""
+    after = memory_bandwidth_sample(device)
+    return max([session_gbps] + [g for g in (before_gbps, after) if g])
 
 
 def record(benchmark, *, flops: float, bytes_moved: float, peaks: dict = None, dtype_name: str = None,
@@ -59,20 +86,24 @@ def record(benchmark, *, flops: float, bytes_moved: float, peaks: dict = None, d
         info["gflops_per_s"] = flops / median / 1e9
         info["gb_per_s"] = bytes_moved / median / 1e9
         copy = peaks.get("copy_gbps")
-        if working_set_bytes is not None and copy:
+        if copy and working_set_bytes is not None and in_cache(working_set_bytes, device):
             copy = info["copy_gbps_for_working_set"] = copy_bandwidth_for(working_set_bytes, device, peaks)
+        elif copy:  # streamed from memory
+            copy = info["copy_gbps_beside"] = memory_bandwidth_beside(copy, info.get("copy_gbps_before"), device)
         info.update(fractions_of_peak(gflops_per_s=info["gflops_per_s"], gb_per_s=info["gb_per_s"],
                                       gemm_gflops=peaks.get(f"gemm_gflops_{dtype_name}"), copy_gbps=copy))
 
 
 def rotating(tensor: torch.Tensor, device: torch.device):
-    """Copies of ``tensor`` filling twice the last-level cache, and a function returning the next
-    one at each call: a bandwidth benchmark then streams its weight from memory every round, as a
-    decoding step does, instead of finding it in cache from the round before."""
+    """Copies of ``tensor`` filling eight times the last-level cache, and a function returning the
+    next one at each call: a bandwidth benchmark then streams its weight from memory every round, as
+    a decoding step does, instead of finding it in cache from the round before. Eight, not two: a
+    Zen 5's L3 kept enough of a 20 MB int8 weight cycled through 2-4x its 32 MB that the weight's
+    packed products read 1.01-1.10x the memory's measured bandwidth; at 8x they read 0.46-0.96x."""
     from convs2s_kernels.env import last_level_cache_bytes
 
     nbytes = tensor.numel() * tensor.element_size()
-    count = 1 if SMOKE or device.type != "cpu" else max(2, -(-2 * last_level_cache_bytes() // max(nbytes, 1)))
+    count = 1 if SMOKE or device.type != "cpu" else max(2, -(-8 * last_level_cache_bytes() // max(nbytes, 1)))
     copies = [tensor] + [tensor.clone() for _ in range(count - 1)]
     state = {"i": 0}
 
@@ -99,7 +130,9 @@ def packed_copies(weight, pack, dtype_name: str, enabled: bool = True) -> dict:
 
 
 def run_timed(benchmark, fn, device: torch.device):
-    """Warm up once outside the rounds, then time ``fn`` (synchronising the GPU every round)."""
+    """Warm up once outside the rounds, then time ``fn`` (synchronising the GPU every round). Timed
+    CPU runs sample the memory's bandwidth right before the rounds too (:func:`record` holds a case
+    streamed from memory against the best of the samples around it)."""
     def call():
         out = fn()
         if device.type == "cuda":
@@ -107,4 +140,8 @@ def run_timed(benchmark, fn, device: torch.device):
         return out
 
     call()
+    if not getattr(benchmark, "disabled", True):
+        before = memory_bandwidth_sample(device)
+        if before:
+            benchmark.extra_info["copy_gbps_before"] = before
     return benchmark(call)

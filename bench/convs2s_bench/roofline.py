@@ -149,13 +149,27 @@ def memory_buffer_megabytes(device="cpu") -> int:
     return max(256, 2 * last_level_cache_bytes() // (1 << 20))
 
 
+def read_probe_gbps(src: torch.Tensor, repeats: int = 1) -> float:
+    """Best-of-``repeats`` GB/s of the extension's streaming read of ``src`` (``csrc/read_peak.cpp``:
+    every thread its share, prefetching ahead as the int8 kernels do); 0 on other devices or
+    without the extension. On a Zen 5 VM it read 51 GB/s where a copy read 41-42 and a sum 41-48,
+    and the packed int8 kernel streamed its weights at 53-57 GB/s against those two."""
+    from convs2s_kernels.extension import native, unavailable_reason
+
+    if src.device.type != "cpu" or unavailable_reason() is not None:
+        return 0.0
+    return max(native().read_peak_gbps(src) for _ in range(max(1, repeats)))
+
+
 def copy_peak_gbps(device="cpu", megabytes: Optional[int] = None, repeats: int = 5) -> float:
     """Best-of-``repeats`` memory bandwidth in GB/s over ``megabytes`` (default:
     :func:`memory_buffer_megabytes`, the memory's; smaller sizes measure the caches a working set
-    of that size lives in): the better of a tensor copy (bytes read + bytes written) and a
-    read-only pass (the math library's matrix-vector product over the buffer, or a sum: MKL's
-    matrix-vector product read 20-30 GB/s on a Zen 5 where a sum read 87). Kernels that stream weights only read, and reading alone can outrun
-    a copy, so a copy alone would be a limit they beat (the name stays: results files key on it)."""
+    of that size lives in): the best of a tensor copy (bytes read + bytes written) and three
+    read-only passes (the math library's matrix-vector product over the buffer, a sum, and the
+    extension's prefetching read, :func:`read_probe_gbps`: MKL's matrix-vector product read 20-30
+    GB/s on a Zen 5 where a sum read 87). Kernels that stream weights only read, and reading alone
+    can outrun a copy, so a copy alone would be a limit they beat (the name stays: results files
+    key on it)."""
     device = torch.device(device)
     src, dst = _copy_buffers(megabytes or memory_buffer_megabytes(device), device)
     n = src.numel()
@@ -164,7 +178,7 @@ def copy_peak_gbps(device="cpu", megabytes: Optional[int] = None, repeats: int =
     matrix, vec = src.view(-1, cols), torch.randn(cols, device=device)
     read_secs = min(_best_seconds(lambda: torch.mv(matrix, vec), device, repeats),
                     _best_seconds(lambda: src.sum(), device, repeats))
-    return _bandwidth_gbps(src, copy_secs, read_secs)
+    return max(_bandwidth_gbps(src, copy_secs, read_secs), read_probe_gbps(src, repeats))
 
 
 def _copy_buffers(megabytes: int, device=torch.device("cpu")) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -184,8 +198,8 @@ def _bandwidth_gbps(src: torch.Tensor, copy_secs: float, read_secs: float) -> fl
 
 
 class LimitSampler:
-    """One quick sample of the machine's limits, to take beside each timed piece of work: a copy
-    and a sum over buffers of ``megabytes`` (on huge pages, as :func:`copy_peak_gbps`), and the
+    """One quick sample of the machine's limits, to take beside each timed piece of work: a copy,
+    a sum and the prefetching read (:func:`read_probe_gbps`) over buffers of ``megabytes`` (on huge pages, as :func:`copy_peak_gbps`), and the
     compute limit (fp32: the FMA units' register-only rate, about 10 ms; ``int8``: the better of
     the int8 dot products' register-only rate, :func:`int8_dot_peak_gops`, and the cpp
     ``linear_w8a8`` at 64 rows, :func:`int8_kernel_peak_gops`, which AMX can put above it). On a
@@ -213,14 +227,15 @@ class LimitSampler:
                                               weight_bits=self._weight_bits) or 0.0)
 
     def sample(self) -> Tuple[float, Optional[float]]:
-        """(copy GB/s: the better of the copy, bytes read + written, and the sum, bytes read;
-        compute GFLOP/s or GOP/s)."""
+        """(copy GB/s: the best of the copy, bytes read + written, the sum and the prefetching read,
+        bytes read; compute GFLOP/s or GOP/s)."""
         t0 = time.perf_counter()
         self._dst.copy_(self._src)
         t1 = time.perf_counter()
         self._src.sum()
         t2 = time.perf_counter()
-        return _bandwidth_gbps(self._src, t1 - t0, t2 - t1), self._compute()
+        memory = max(_bandwidth_gbps(self._src, t1 - t0, t2 - t1), read_probe_gbps(self._src))
+        return memory, self._compute()
 
 
 def measure_peaks(device="cpu", dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16),

@@ -137,7 +137,7 @@ def format_profile(result: dict, top: int = 8) -> str:
              f"Limits measured in this run, best of 5 at its start: copy {result['copy_gbps']:.1f} GB/s (a copy "
              f"touching the step's {result.get('weight_mb', 0):.0f} MB of weights), {peak}. "
              "Bound = max(weight bytes / copy bandwidth, FLOPs / compute peak). 'paired': the limits sampled "
-             "again right before every timed step (a copy and a sum over the same bytes; "
+             "again right before every timed step (a copy, a sum and a prefetching read over the same bytes; "
              + ("the better of the int8 dot products' register-only rate and the int8 kernel at 64 rows" if result.get("int8") else "the FMA units' rate") +
              "), each step held against its own bound; the median of those ratios (lowest-highest).", "",
              "Ops the profiler sees cover the share of the step in 'seen' (kernels built without "
