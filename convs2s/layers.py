@@ -136,6 +136,12 @@ class WeightNormed(nn.Module):
         """``w`` in the layout the cpp decoding-step kernel reads (None where it cannot)."""
         raise NotImplementedError
 
+    def _holds_inference_copies(self) -> bool:
+        """Whether derived copies of the weight may be used now: inference without gradients and
+        without autocast (the op casts the weight, a float32 copy no longer matches it)."""
+        return (not self.training and not torch.is_grad_enabled()
+                and not torch.is_autocast_enabled(self.bias.device.type))
+
     def _inference_pack(self, slot: str, pack) -> Optional[torch.Tensor]:
         """``pack(weight)``, kept in ``slot`` until the weight changes; None in training (the copies
         are dropped: they would only hold memory), with gradients, or under autocast (the op casts
@@ -143,11 +149,9 @@ class WeightNormed(nn.Module):
         if self.training:
             self._packs = {}
             return None
-        if torch.is_grad_enabled():
+        if not self._holds_inference_copies():
             return None
         w = self.effective_weight()
-        if torch.is_autocast_enabled(w.device.type):
-            return None
         key = (w.data_ptr(), ck.write_version(w), w.dtype, w.device)
         packs = self.__dict__.setdefault("_packs", {})
         if packs.get(slot, (None,))[0] != key:
@@ -237,19 +241,18 @@ class Linear(WeightNormed):
         row with the step's weight bits (``transposed``: the keys times ``W_in``), kept until the
         weight changes. None otherwise, and in training, with gradients or under autocast (the fold
         then multiplies the float weights)."""
-        if not (self.use_int8 and self.int8_activations):
+        if not (self.use_int8 and self.int8_activations and self._holds_inference_copies()):
             return None
+        if not transposed:
+            q, s = self.int8_weight()
+            return q, s, self.int8_extra().get("packed")
         bits = self.int8_weight_bits
 
         def quantize_transposed(w: torch.Tensor):
             q, s = ck.quantize_int8(w.t(), bits=bits)
             return q, s, (on_huge_pages(ck.pack_w8a8_weight(q)) if self.packs_int8(q) else None)
 
-        held = self._inference_pack(f"fold-int8-{bits}", quantize_transposed)  # None where no copy may be kept
-        if held is None or transposed:
-            return held
-        q, s = self.int8_weight()
-        return q, s, self.int8_extra().get("packed")
+        return self._inference_pack(f"fold-int8-{bits}", quantize_transposed)
 
     def forward(self, x: torch.Tensor, backend: Optional[str] = NO_DISPATCH) -> torch.Tensor:
         """``x W^T + b``: plain ``F.linear`` (``NO_DISPATCH``), or the dispatched ``linear`` op for a
