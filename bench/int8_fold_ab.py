@@ -7,7 +7,8 @@ The peer workload of ``../shared/peers/`` (a fairseq fconv checkpoint and its se
 decoded as ``vs-fairseq`` decodes it (equal-length batches, forced lengths, beam 5, folded attention,
 the cpp backend), with the decoder's and encoder's int8 settings of ``convs2s-w7a7e``
 (``--weight-bits 7``) or ``convs2s-int7e`` (``--weight-bits 8``). The float fold is the same model
-with ``Linear.fold_int8`` answering None, so only the fold's two products per attention layer differ.
+with ``Linear.fold_int8`` answering None, so only the fold's two products per attention layer differ;
+the kernel choice is measured (or read from its cache) for both folds' shapes before the rounds.
 Set the AVX2 caps (``CONVS2S_KERNELS_ISA=avx2`` ...) for the AVX2 kernels on a VNNI CPU.
 """
 
@@ -21,6 +22,8 @@ import torch
 
 import convs2s
 from convs2s.layers import Linear
+from convs2s.step_shapes import fold_weight_shapes
+from convs2s_kernels.tune import ensure as ensure_kernel_choice
 from convs2s_bench.vs_fairseq import plan_batches, read_ids
 
 
@@ -36,6 +39,8 @@ def main() -> None:
     model.fold_weight_norm().eval().use_backend("cpp")
     model.quantize_decoder_int8(activations="int7", weight_bits=args.weight_bits)
     model.quantize_encoder_int8(activations="int7")
+    # the float fold's own kernel choice (the decoder, folding in int8, asks only for the int8 shapes)
+    ensure_kernel_choice(fold_weight_shapes(model.decoder, int8=False))
     sentences = read_ids(args.input)
     batches, forced = plan_batches(sentences, 128)
     int8_fold, float_fold = Linear.fold_int8, lambda self, transposed=False: None

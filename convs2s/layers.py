@@ -12,7 +12,9 @@ weights, which the full-sequence forward (training, scoring) uses; decoding step
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -27,6 +29,31 @@ SQRT_HALF = math.sqrt(0.5)
 
 # Linear layers only: no dispatch, plain PyTorch (never the int8 weights of a decoding step).
 NO_DISPATCH = "no-dispatch"
+
+
+def derived_copies():
+    """Where the layers make their derived copies of a weight (weight norm applied, int8, packed):
+    without gradients and outside inference mode, so that a copy made while decoding under
+    ``torch.inference_mode()`` is an ordinary tensor (with a version counter), usable afterwards
+    with gradients on (a frozen layer's weight saved for backward)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.inference_mode(False))  # first: leaving inference mode turns gradients back on
+    stack.enter_context(torch.no_grad())
+    return stack
+
+
+def _warn_if_inference_parameters(module: nn.Module) -> None:
+    """Parameters made under ``torch.inference_mode()`` keep no version counter: the layers' copies
+    of them could not see an in-place write (inside inference mode), so say so once."""
+    global _WARNED_INFERENCE_PARAMETERS
+    if not _WARNED_INFERENCE_PARAMETERS and any(p.is_inference() for p in module._parameters.values() if p is not None):
+        _WARNED_INFERENCE_PARAMETERS = True
+        warnings.warn("convs2s: this model's parameters are inference tensors (built or loaded under "
+                      "torch.inference_mode()); its cached weights cannot see in-place writes to them, so build "
+                      "or load it outside inference mode to change its weights later", stacklevel=3)
+
+
+_WARNED_INFERENCE_PARAMETERS = False
 
 
 class WeightNormed(nn.Module):
@@ -61,6 +88,7 @@ class WeightNormed(nn.Module):
         return "weight_v" in self._parameters
 
     def effective_weight(self) -> torch.Tensor:
+        _warn_if_inference_parameters(self)
         if not self.weight_normed:
             return self.weight
         v, g = self.weight_v, self.weight_g
@@ -70,7 +98,8 @@ class WeightNormed(nn.Module):
         # move on every in-place update, e.g. an optimiser step or load_state_dict).
         key = (ck.write_version(v), ck.write_version(g), v.data_ptr(), g.data_ptr(), v.dtype, v.device, self.wn_dim)
         if getattr(self, "_wn_cache_key", None) != key:
-            self._wn_cache = (v * (g / self._norm(v, self.wn_dim))).detach()
+            with derived_copies():
+                self._wn_cache = (v * (g / self._norm(v, self.wn_dim))).detach()
             self._wn_cache_key = key
         return self._wn_cache
 
@@ -95,11 +124,12 @@ class WeightNormed(nn.Module):
         if not self.use_int8:
             return None
         w = self.effective_weight()
-        key = (w.data_ptr(), ck.write_version(w), w.dtype, w.device, self.int8_weight_bits)
-        if getattr(self, "_int8_key", None) != key:
-            with torch.no_grad():
+        key = (ck.write_version(w), w.dtype, w.device, self.int8_weight_bits)
+        # the source held and compared by identity: a new weight may reuse a freed one's address
+        if getattr(self, "_int8_source", None) is not w or self._int8_key != key:
+            with derived_copies():
                 self._int8 = ck.quantize_int8(self._int8_matrix(), bits=self.int8_weight_bits)
-            self._int8_key = key
+            self._int8_source, self._int8_key = w, key
         return self._int8
 
     def packs_int8(self, qweight: torch.Tensor) -> bool:
@@ -126,7 +156,7 @@ class WeightNormed(nn.Module):
         if not self.packs_int8(quantized[0]):
             return extra
         if getattr(self, "_int8_packed_for", None) is not quantized:
-            with torch.no_grad():
+            with derived_copies():
                 # streamed from memory every step: on huge pages (convs2s_kernels.huge_pages)
                 self._int8_packed = on_huge_pages(ck.pack_w8a8_weight(quantized[0]))
             self._int8_packed_for = quantized
@@ -136,7 +166,7 @@ class WeightNormed(nn.Module):
         """``w`` in the layout the cpp decoding-step kernel reads (None where it cannot)."""
         raise NotImplementedError
 
-    def _holds_inference_copies(self) -> bool:
+    def _may_use_inference_copies(self) -> bool:
         """Whether derived copies of the weight may be used now: inference without gradients and
         without autocast (the op casts the weight, a float32 copy no longer matches it)."""
         return (not self.training and not torch.is_grad_enabled()
@@ -149,19 +179,22 @@ class WeightNormed(nn.Module):
         if self.training:
             self._packs = {}
             return None
-        if not self._holds_inference_copies():
+        if not self._may_use_inference_copies():
             return None
         w = self.effective_weight()
-        key = (w.data_ptr(), ck.write_version(w), w.dtype, w.device)
+        key = (ck.write_version(w), w.dtype, w.device)
         packs = self.__dict__.setdefault("_packs", {})
-        if packs.get(slot, (None,))[0] != key:
-            packs[slot] = (key, pack(w))
-        return packs[slot][1]
+        source, held_key, held = packs.get(slot, (None, None, None))
+        if source is not w or held_key != key:  # by identity: a new weight may reuse a freed one's address
+            with derived_copies():
+                held = pack(w)
+            packs[slot] = (w, key, held)
+        return held
 
     @property
     def _packed(self) -> Optional[torch.Tensor]:
         """The step's packed copy held now (None when none is)."""
-        return self.__dict__.get("_packs", {}).get("step", (None, None))[1]
+        return self.__dict__.get("_packs", {}).get("step", (None, None, None))[2]
 
     def step_packed(self) -> Optional[torch.Tensor]:
         """The float weight laid out once for the cpp decoding step (:meth:`_pack_for_step`: the
@@ -239,9 +272,11 @@ class Linear(WeightNormed):
         int8 (``use_int8`` with int8 activations), so that the fold is quantised as the step is:
         ``(qweight, scale, packed or None)`` of ``W`` (the step's own), or of ``W^T`` quantised per
         row with the step's weight bits (``transposed``: the keys times ``W_in``), kept until the
-        weight changes. None otherwise, and in training, with gradients or under autocast (the fold
-        then multiplies the float weights)."""
-        if not (self.use_int8 and self.int8_activations and self._holds_inference_copies()):
+        weight changes. None otherwise: in training, with gradients, under autocast, and off the
+        CPU (where ``linear_w8a8`` has only its reference, slower than the float product), the fold
+        multiplies the float weights."""
+        if not (self.use_int8 and self.int8_activations and self.bias.device.type == "cpu"
+                and self._may_use_inference_copies()):
             return None
         if not transposed:
             q, s = self.int8_weight()

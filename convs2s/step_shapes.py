@@ -80,18 +80,21 @@ def step_weight_shapes(decoder: nn.Module) -> List[Shape]:
     return _shapes_read_together(step_weight_modules(decoder), packed=True)
 
 
-def fold_weight_shapes(decoder: nn.Module) -> List[Shape]:
+def fold_weight_shapes(decoder: nn.Module, int8: Optional[bool] = None) -> List[Shape]:
     """The products that fold attention into a sentence's state (decoder.FoldedAttention), each
     layer's: the encoder's keys times W_in and its values times W_out^T, both (E, C) matrices, with
     B * S rows, timed as cold as one fold leaves them. Float weights read packed (form kp:
     Linear.fold_packed), also under a step with int8 weights and float activations; a step with int8
-    weights and activations folds in int8 (Linear.fold_int8: form w8a8 or w7a8, as its own products)."""
+    weights and activations folds in int8 on the CPU (Linear.fold_int8: form w8a8 or w7a8, as its own
+    products). ``int8``: True or False for those shapes whatever the decoder does now (None)."""
     layers = [a for a in decoder.attention if a is not None]
     dtype = _DTYPES.get(decoder.fc1.bias.dtype)
     if not layers or dtype is None:
         return []
     projection = layers[0].in_projection
-    if projection.use_int8 and projection.int8_activations:
+    if int8 is None:
+        int8 = projection.use_int8 and projection.int8_activations and projection.bias.device.type == "cpu"
+    if int8:
         if not w8a8_has_choice():
             return []
         form = "w7a8" if projection.int8_activation_bits == 7 else "w8a8"

@@ -270,3 +270,27 @@ def test_decoding_under_inference_mode_equals_no_grad(weights, fold):
                 first = inside
         assert [h[0]["score"] for h in first] != [h[0]["score"] for h in inside], "the weight update went unseen"
     m.use_backend(None)
+    # the copies made inside inference mode are ordinary tensors: a frozen layer's weight, later saved for backward
+    fc = m.decoder.fc2
+    fc.requires_grad_(False)
+    with torch.inference_mode():
+        w = fc.effective_weight()
+    assert not w.is_inference()
+    x = torch.randn(3, fc.in_features, requires_grad=True)
+    torch.nn.functional.linear(x, fc.effective_weight()).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_a_model_built_under_inference_mode_says_its_weights_cannot_change(monkeypatch):
+    """Parameters made under inference_mode keep no version counter, so the cached copies could not
+    see an in-place write: one warning says so (and the model still decodes)."""
+    import convs2s.layers as layers
+
+    monkeypatch.setattr(layers, "_WARNED_INFERENCE_PARAMETERS", False)
+    with torch.inference_mode():
+        m = convs2s.build_model("fconv_iwslt_de_en", V_SRC, V_TGT, encoder_layers="[(64, 3)] * 1",
+                                decoder_layers="[(64, 3)] * 1", encoder_embed_dim=32, decoder_embed_dim=32,
+                                decoder_out_embed_dim=32).eval()
+        with pytest.warns(UserWarning, match="parameters are inference tensors") as caught:
+            out = convs2s.generate(m, sources(2), beam=2, max_len_b=3)
+    assert len(out) == 2 and len([w for w in caught if "inference tensors" in str(w.message)]) == 1

@@ -403,7 +403,8 @@ def test_an_int8_step_folds_attention_in_int8(bits, backend):
     other = 8 if weight_bits == 7 else 7
     model.quantize_decoder_int8(True, activations="int7", weight_bits=other)
     again = layers[0].in_projection.fold_int8(transposed=True)
-    assert again[0].abs().max() <= (63 if other == 7 else 127) and not torch.equal(again[0], keys[0])
+    widest = int(again[0].abs().max())
+    assert (widest <= 63 if other == 7 else widest > 63) and not torch.equal(again[0], keys[0])
     with torch.enable_grad():  # with gradients the fold multiplies the float weights
         assert layers[0].in_projection.fold_int8(transposed=True) is None and layers[0].out_projection.fold_int8() is None
     out_copies = layers[0].out_projection.__dict__.get("_packs", {})

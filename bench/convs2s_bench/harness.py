@@ -45,13 +45,19 @@ def copy_bandwidth_for(working_set_bytes: int, device: torch.device, peaks: dict
     return _copy_at[mb]
 
 
+_memory_buffers: list = []
+
+
 def memory_bandwidth_sample(device: torch.device = None) -> Optional[float]:
-    """The memory's bandwidth now (:func:`roofline.copy_peak_gbps`, best of 3), on a CPU; else None."""
-    from .roofline import copy_peak_gbps
+    """The memory's bandwidth now (as :func:`roofline.copy_peak_gbps`, best of 3, over buffers made
+    once per session), on a CPU; else None."""
+    from .roofline import _copy_buffers, buffers_gbps, memory_buffer_megabytes
 
     if device is not None and device.type != "cpu":
         return None
-    return copy_peak_gbps(device or "cpu", repeats=3)
+    if not _memory_buffers:
+        _memory_buffers.extend(_copy_buffers(memory_buffer_megabytes()))
+    return buffers_gbps(*_memory_buffers, repeats=3)
 
 
 def memory_bandwidth_beside(session_gbps: float, before_gbps: Optional[float] = None,
@@ -59,7 +65,7 @@ def memory_bandwidth_beside(session_gbps: float, before_gbps: Optional[float] = 
     """The memory's bandwidth as a case saw it: the best of the session's (measured at its start), a
     sample taken right before the case's rounds (:func:`run_timed`) and one taken now, right after.
     On a 2-vCPU VM the memory's speed moved between phases for seconds to minutes (a copy read 51.6
-    GB/s in one process and 85.7 in another, 49.7-89.4 between the cases of one run), so a limit
+    GB/s in one process and 85.7 in another, 49.7-90.5 between the cases of one run), so a limit
     measured once let a case timed in a fast phase exceed it by 1.03-1.71x."""
     after = memory_bandwidth_sample(device)
     return max([session_gbps] + [g for g in (before_gbps, after) if g])
@@ -99,11 +105,14 @@ def rotating(tensor: torch.Tensor, device: torch.device):
     next one at each call: a bandwidth benchmark then streams its weight from memory every round, as
     a decoding step does, instead of finding it in cache from the round before. Eight, not two: a
     Zen 5's L3 kept enough of a 20 MB int8 weight cycled through 2-4x its 32 MB that the weight's
-    packed products read 1.01-1.10x the memory's measured bandwidth; at 8x they read 0.46-0.96x."""
+    packed products read 1.01-1.10x the memory's measured bandwidth; at 8x at most 0.96x. Past 2x
+    the copies take at most 1 GB."""
     from convs2s_kernels.env import last_level_cache_bytes
 
     nbytes = tensor.numel() * tensor.element_size()
-    count = 1 if SMOKE or device.type != "cpu" else max(2, -(-8 * last_level_cache_bytes() // max(nbytes, 1)))
+    llc = last_level_cache_bytes()
+    span = max(2 * llc, min(8 * llc, 1 << 30))  # at most 1 GB past 2x (server L3s reach 0.5 GB)
+    count = 1 if SMOKE or device.type != "cpu" else max(2, -(-span // max(nbytes, 1)))
     copies = [tensor] + [tensor.clone() for _ in range(count - 1)]
     state = {"i": 0}
 
@@ -139,9 +148,9 @@ def run_timed(benchmark, fn, device: torch.device):
             torch.cuda.synchronize(device)
         return out
 
-    call()
-    if not getattr(benchmark, "disabled", True):
+    if not getattr(benchmark, "disabled", True):  # before the warm-up, which brings the caches back
         before = memory_bandwidth_sample(device)
         if before:
             benchmark.extra_info["copy_gbps_before"] = before
+    call()
     return benchmark(call)

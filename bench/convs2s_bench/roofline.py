@@ -152,8 +152,8 @@ def memory_buffer_megabytes(device="cpu") -> int:
 def read_probe_gbps(src: torch.Tensor, repeats: int = 1) -> float:
     """Best-of-``repeats`` GB/s of the extension's streaming read of ``src`` (``csrc/read_peak.cpp``:
     every thread its share, prefetching ahead as the int8 kernels do); 0 on other devices or
-    without the extension. On a Zen 5 VM it read 51 GB/s where a copy read 41-42 and a sum 41-48,
-    and the packed int8 kernel streamed its weights at 53-57 GB/s against those two."""
+    without the extension. On a Zen 5 VM it read 50.7-51.0 GB/s where a copy read 40.7-42.3 and a
+    sum 41.5-48.2 over the same 256 MB."""
     from convs2s_kernels.extension import native, unavailable_reason
 
     if src.device.type != "cpu" or unavailable_reason() is not None:
@@ -171,7 +171,12 @@ def copy_peak_gbps(device="cpu", megabytes: Optional[int] = None, repeats: int =
     can outrun a copy, so a copy alone would be a limit they beat (the name stays: results files
     key on it)."""
     device = torch.device(device)
-    src, dst = _copy_buffers(megabytes or memory_buffer_megabytes(device), device)
+    return buffers_gbps(*_copy_buffers(megabytes or memory_buffer_megabytes(device), device), repeats)
+
+
+def buffers_gbps(src: torch.Tensor, dst: torch.Tensor, repeats: int = 5) -> float:
+    """:func:`copy_peak_gbps` over buffers the caller keeps (``_copy_buffers``), to sample again."""
+    device = src.device
     n = src.numel()
     copy_secs = _best_seconds(lambda: dst.copy_(src), device, repeats)
     cols = 1024 if n % 1024 == 0 else 1
