@@ -10,6 +10,14 @@ import torch.nn.functional as F
 __all__ = ["quantize_int8", "linear_int8_ref"]
 
 
+def check_bits(name: str, bits, allowed: Tuple[int, ...] = (8, 7)) -> int:
+    """An int8 operand's width, one of ``allowed`` (a bool is no width), as an int; else a
+    one-line error naming the argument and what is allowed."""
+    if isinstance(bits, bool) or bits not in allowed:
+        raise ValueError(f"{name} must be {' or '.join(map(str, allowed))}, got {bits!r}")
+    return int(bits)
+
+
 def quantize_int8(weight: torch.Tensor, bits: int = 8) -> Tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 quantisation per output row: ``weight (N, K) ~ qweight * scale[:, None]``.
 
@@ -18,9 +26,7 @@ def quantize_int8(weight: torch.Tensor, bits: int = 8) -> Tuple[torch.Tensor, to
     ``(qweight int8 (N, K), scale float32 (N,))``. The error of each weight is at most ``scale / 2``
     (twice as coarse with 7 bits, which ``linear_w8a8(..., weight_bits=7)`` multiplies faster on AVX2).
     """
-    if isinstance(bits, bool) or bits not in (8, 7):
-        raise ValueError(f"bits must be 8 or 7, got {bits!r}")
-    qmax = float(2 ** (bits - 1) - 1)
+    qmax = float(2 ** (check_bits("bits", bits) - 1) - 1)
     w = weight.detach().float()
     scale = w.abs().amax(dim=1) / qmax
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))

@@ -7,6 +7,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..linear_int8.reference import check_bits
+
 __all__ = ["quantize_rows_int8", "pack_w8a8_weight", "linear_w8a8_ref", "ACTIVATION_BITS", "WEIGHT_BITS"]
 
 PACKED_COLUMNS = 64  # output columns per block of the packed layout
@@ -16,16 +18,12 @@ WEIGHT_BITS = (8, 7)  # the range linear_w8a8's int8 weights hold: [-127, 127] o
 
 def check_activation_bits(bits) -> int:
     """``bits`` as an int, or a one-line error naming what is allowed."""
-    if isinstance(bits, bool) or bits not in ACTIVATION_BITS:
-        raise ValueError(f"activation_bits must be 8 or 7, got {bits!r}")
-    return int(bits)
+    return check_bits("activation_bits", bits, ACTIVATION_BITS)
 
 
 def check_weight_bits(bits) -> int:
     """``bits`` as an int, or a one-line error naming what is allowed."""
-    if isinstance(bits, bool) or bits not in WEIGHT_BITS:
-        raise ValueError(f"weight_bits must be 8 or 7, got {bits!r}")
-    return int(bits)
+    return check_bits("weight_bits", bits, WEIGHT_BITS)
 
 
 def quantize_rows_int8(x: torch.Tensor, bits: int = 8) -> Tuple[torch.Tensor, torch.Tensor]:
