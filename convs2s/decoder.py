@@ -56,9 +56,8 @@ class FoldedAttention:
     """
 
     def __init__(self, layer: "AttentionLayer", enc: EncoderOut, backend: Optional[str] = None):
-        inp, out = layer.in_projection, layer.out_projection
-        w_in, b_in = inp.effective_weight(), inp.bias  # (E, C), (E,)
-        self.z_bias = torch.matmul(enc.z, b_in)  # (B, S)
+        inp, out = layer.in_projection, layer.out_projection  # W_in (E, C), W_out (C, E)
+        self.z_bias = torch.matmul(enc.z, inp.bias)  # (B, S)
         self.b_out = out.bias
         keys, values = inp.fold_int8(transposed=True), out.fold_int8()
         if keys is not None and values is not None:
@@ -74,7 +73,7 @@ class FoldedAttention:
         # as (E, C) matrices: the few-row kernel where measured faster than the GEMM for these
         # shapes (convs2s_kernels.tune; step_shapes.fold_weight_shapes), in pieces past its row cap.
         packs = cpp_may_run(enc.z, backend)  # only cpp reads them
-        self.z_in = ck.linear(enc.z, w_in.t(), backend=backend,
+        self.z_in = ck.linear(enc.z, inp.effective_weight().t(), backend=backend,
                               packed=inp.fold_packed(transposed=True) if packs else None)  # (B, S, C)
         self.y_out = ck.linear(enc.y, out.effective_weight(), backend=backend,
                                packed=out.fold_packed() if packs else None)  # (B, S, C)

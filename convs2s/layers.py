@@ -31,11 +31,13 @@ SQRT_HALF = math.sqrt(0.5)
 NO_DISPATCH = "no-dispatch"
 
 
-def derived_copies():
-    """Where the layers make their derived copies of a weight (weight norm applied, int8, packed):
+def derived_copies(module: nn.Module):
+    """Where ``module`` makes its derived copies of a weight (weight norm applied, int8, packed):
     without gradients and outside inference mode, so that a copy made while decoding under
     ``torch.inference_mode()`` is an ordinary tensor (with a version counter), usable afterwards
-    with gradients on (a frozen layer's weight saved for backward)."""
+    with gradients on (a frozen layer's weight saved for backward). Parameters that are inference
+    tensors are warned about here, once: only when a copy is made, not on every call."""
+    _warn_if_inference_parameters(module)
     stack = contextlib.ExitStack()
     stack.enter_context(torch.inference_mode(False))  # first: leaving inference mode turns gradients back on
     stack.enter_context(torch.no_grad())
@@ -50,7 +52,7 @@ def _warn_if_inference_parameters(module: nn.Module) -> None:
         _WARNED_INFERENCE_PARAMETERS = True
         warnings.warn("convs2s: this model's parameters are inference tensors (built or loaded under "
                       "torch.inference_mode()); its cached weights cannot see in-place writes to them, so build "
-                      "or load it outside inference mode to change its weights later", stacklevel=3)
+                      "or load it outside inference mode to change its weights later", stacklevel=4)
 
 
 _WARNED_INFERENCE_PARAMETERS = False
@@ -88,7 +90,6 @@ class WeightNormed(nn.Module):
         return "weight_v" in self._parameters
 
     def effective_weight(self) -> torch.Tensor:
-        _warn_if_inference_parameters(self)
         if not self.weight_normed:
             return self.weight
         v, g = self.weight_v, self.weight_g
@@ -98,7 +99,7 @@ class WeightNormed(nn.Module):
         # move on every in-place update, e.g. an optimiser step or load_state_dict).
         key = (ck.write_version(v), ck.write_version(g), v.data_ptr(), g.data_ptr(), v.dtype, v.device, self.wn_dim)
         if getattr(self, "_wn_cache_key", None) != key:
-            with derived_copies():
+            with derived_copies(self):
                 self._wn_cache = (v * (g / self._norm(v, self.wn_dim))).detach()
             self._wn_cache_key = key
         return self._wn_cache
@@ -127,7 +128,7 @@ class WeightNormed(nn.Module):
         key = (ck.write_version(w), w.dtype, w.device, self.int8_weight_bits)
         # the source held and compared by identity: a new weight may reuse a freed one's address
         if getattr(self, "_int8_source", None) is not w or self._int8_key != key:
-            with derived_copies():
+            with derived_copies(self):
                 self._int8 = ck.quantize_int8(self._int8_matrix(), bits=self.int8_weight_bits)
             self._int8_source, self._int8_key = w, key
         return self._int8
@@ -156,7 +157,7 @@ class WeightNormed(nn.Module):
         if not self.packs_int8(quantized[0]):
             return extra
         if getattr(self, "_int8_packed_for", None) is not quantized:
-            with derived_copies():
+            with derived_copies(self):
                 # streamed from memory every step: on huge pages (convs2s_kernels.huge_pages)
                 self._int8_packed = on_huge_pages(ck.pack_w8a8_weight(quantized[0]))
             self._int8_packed_for = quantized
@@ -186,7 +187,7 @@ class WeightNormed(nn.Module):
         packs = self.__dict__.setdefault("_packs", {})
         source, held_key, held = packs.get(slot, (None, None, None))
         if source is not w or held_key != key:  # by identity: a new weight may reuse a freed one's address
-            with derived_copies():
+            with derived_copies(self):
                 held = pack(w)
             packs[slot] = (w, key, held)
         return held
@@ -266,6 +267,11 @@ class Linear(WeightNormed):
             return self._inference_pack("transposed", lambda w: ck.pack_linear_weight(w.t()))
         return self._inference_pack("step", self._pack_for_step)
 
+    def folds_int8(self) -> bool:
+        """Whether the attention fold multiplies this layer's weight in int8 (:meth:`fold_int8`): its
+        decoding step multiplies int8 by int8, on the CPU."""
+        return self.use_int8 and self.int8_activations and self.bias.device.type == "cpu"
+
     def fold_int8(self, transposed: bool = False
                   ) -> Optional[Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
         """The attention fold's int8 operands where this layer's decoding step multiplies int8 by
@@ -275,8 +281,7 @@ class Linear(WeightNormed):
         weight changes. None otherwise: in training, with gradients, under autocast, and off the
         CPU (where ``linear_w8a8`` has only its reference, slower than the float product), the fold
         multiplies the float weights."""
-        if not (self.use_int8 and self.int8_activations and self.bias.device.type == "cpu"
-                and self._may_use_inference_copies()):
+        if not (self.folds_int8() and self._may_use_inference_copies()):
             return None
         if not transposed:
             q, s = self.int8_weight()

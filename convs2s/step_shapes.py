@@ -43,6 +43,11 @@ def step_weight_bytes(decoder: nn.Module) -> int:
     return sum(_weight_bytes(m) for m in step_weight_modules(decoder))
 
 
+def _w8a8_form(module: nn.Module) -> str:
+    """The kernel choice's form of a product with int8 weights and activations: w7a8 for 7-bit ones."""
+    return "w7a8" if module.int8_activation_bits == 7 else "w8a8"
+
+
 def _shape(module: nn.Module, stream: int, packed: bool = False) -> List[Shape]:
     """int8 weights are quantised per output row, (N, K), whatever the float form; with int8
     activations, form w8a8 (the packed int8 kernel or its alternative, tune.w8a8_has_choice), with
@@ -53,8 +58,7 @@ def _shape(module: nn.Module, stream: int, packed: bool = False) -> List[Shape]:
     form, K, N = dims
     if module.use_int8:
         if module.int8_activations:
-            form = "w7a8" if module.int8_activation_bits == 7 else "w8a8"
-            return [Shape(form, "int8", K, N, stream)] if w8a8_has_choice() else []
+            return [Shape(_w8a8_form(module), "int8", K, N, stream)] if w8a8_has_choice() else []
         return [Shape("nk", "int8", K, N, stream)]
     dtype = _DTYPES.get(module.bias.dtype)
     return [] if dtype is None else [Shape(form, dtype, K, N, stream)]  # float64: the kernels do not take it
@@ -93,18 +97,13 @@ def fold_weight_shapes(decoder: nn.Module, int8: Optional[bool] = None) -> List[
         return []
     projection = layers[0].in_projection
     if int8 is None:
-        int8 = projection.use_int8 and projection.int8_activations and projection.bias.device.type == "cpu"
-    if int8:
-        if not w8a8_has_choice():
-            return []
-        form = "w7a8" if projection.int8_activation_bits == 7 else "w8a8"
-        stream = stream_mb(sum(2 * a.in_projection.in_features * a.in_projection.out_features for a in layers))
-        return list(dict.fromkeys(
-            Shape(form, "int8", a.in_projection.out_features, a.in_projection.in_features, stream) for a in layers))
-    stream = stream_mb(sum(2 * a.in_projection.in_features * a.in_projection.out_features * decoder.fc1.bias.element_size()
-                           for a in layers))
+        int8 = projection.folds_int8()
+    if int8 and not w8a8_has_choice():
+        return []
+    form, dtype, element = (_w8a8_form(projection), "int8", 1) if int8 else ("kp", dtype, decoder.fc1.bias.element_size())
+    stream = stream_mb(sum(2 * a.in_projection.in_features * a.in_projection.out_features * element for a in layers))
     return list(dict.fromkeys(
-        Shape("kp", dtype, a.in_projection.out_features, a.in_projection.in_features, stream) for a in layers))
+        Shape(form, dtype, a.in_projection.out_features, a.in_projection.in_features, stream) for a in layers))
 
 
 def encoder_weight_shapes(encoder: nn.Module) -> List[Shape]:
