@@ -337,7 +337,8 @@ def _add_speed_table_parser(bsub) -> None:
                     help="on CUDA, decode every step eagerly instead of replaying it as a CUDA graph")
     st.add_argument("--dtype", type=_name_list, default=None,
                     help="fp32, bf16, int8 (int8 decoder weights and activations), int8w (int8 decoder weights, "
-                         "fp32 activations), int7 (int8 decoder weights, 7-bit activations), comma-separated")
+                         "fp32 activations), int7 (int8 decoder weights, 7-bit activations), w7a7 (7-bit decoder weights "
+                         "and activations), comma-separated")
     st.add_argument("--decoders", type=_name_list, default=None,
                     help="plain and/or folded (attention projections precomputed per sentence; exact)")
     st.add_argument("--repeats", type=_positive_int, default=3, help="timings per row (median and range)")

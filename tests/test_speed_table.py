@@ -265,3 +265,29 @@ def test_fractions_of_peak_above_one_are_a_bug():
         fractions_of_peak(gflops_per_s=50.0, gb_per_s=29.4, gemm_gflops=100.0, copy_gbps=20.0)
     with pytest.raises(RooflineError, match="fraction_of_gemm_peak"):
         fractions_of_peak(gflops_per_s=101.0, gb_per_s=1.0, gemm_gflops=100.0)
+
+
+@pytest.mark.parametrize("dtype,activation_bits,weight_bits", [("int7", 7, 8), ("w7a7", 7, 7)])
+def test_speed_table_int8_dtypes_quantise_as_named(dtype, activation_bits, weight_bits):
+    """int7 and w7a7 rows decode with the decoder quantised to those widths, on the same model."""
+    from convs2s.model import build_model
+    from convs2s.step_shapes import step_weight_modules
+    from convs2s_bench.speed_table import Config, Models
+
+    base = build_model("fconv_iwslt_de_en", 64, 64).eval()
+    model = Models(base, torch.device("cpu")).get(Config("reference", "plain", dtype))
+    layers = list(step_weight_modules(model.decoder))
+    assert layers and all(m.use_int8 for m in layers)
+    assert {(m.int8_activation_bits, m.int8_weight_bits) for m in layers} == {(activation_bits, weight_bits)}
+    top = max(m.int8_weight()[0].abs().max().item() for m in layers)
+    assert top == (1 << (weight_bits - 1)) - 1  # per-row scales reach the top of the width
+    assert not any(getattr(m, "use_int8", False) for m in step_weight_modules(base.decoder))  # a copy
+
+
+def test_speed_table_times_w7a7_rows(tmp_path, capsys):
+    rc = main(["bench", "speed-table", *TINY, "--sentences", "4", "--beams", "1", "--repeats", "1",
+               "--backends", "cpp", "--dtype", "w7a7", "--json", str(tmp_path / "t.json")])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "t.json").read_text())
+    assert [(r["backend"], r["dtype"]) for r in result["rows"]] == [("cpp", "w7a7")]
+    assert result["machine"]["gemm_gflops_w7a7"] > 0  # the row's peak, measured in the run

@@ -33,7 +33,7 @@ from .estimate import (Batch, BatchTiming, TRUNCATED_LENGTH, estimate, full_set_
                        summarise)
 from .flops import generation_flops
 from .roofline import fractions_of_peak
-from .workload import (DECODERS, DTYPES, INT8_ACTIVATIONS, LENGTH_NOTE, PAPER_ROWS, PAPER_SENTENCES, PEAK_OF,
+from .workload import (DECODERS, DTYPES, INT8_ACTIVATIONS, INT8_WEIGHT_BITS, LENGTH_NOTE, PAPER_ROWS, PAPER_SENTENCES, PEAK_OF,
                        REFERENCE, SUBSET_SEED, Config, fastest_config, forced_lengths, hashed_ids, random_sentences, subset_order,
                        synthetic_lengths)
 
@@ -108,7 +108,8 @@ class Models:
             model = self.base if config.dtype == "fp32" else copy.deepcopy(self.base)
             model.to(device=self.device, dtype=DTYPES[config.dtype])
             model.quantize_decoder_int8(config.dtype in INT8_ACTIVATIONS,
-                                        activations=INT8_ACTIVATIONS.get(config.dtype, "int8"))
+                                        activations=INT8_ACTIVATIONS.get(config.dtype, "int8"),
+                                        weight_bits=INT8_WEIGHT_BITS.get(config.dtype, 8))
             self.cache[config.dtype] = model
         return self.cache[config.dtype].use_backend(config.backend)
 
@@ -354,7 +355,8 @@ def measure_machine(device: torch.device, configs: Sequence[Config]) -> dict:
     return dict(machine_description(device),
                 **measure_peaks(device, sorted({DTYPES[c.dtype] for c in configs}, key=str),
                                 int8=any(PEAK_OF[c.dtype] == "int8" for c in configs),
-                                int7=any(PEAK_OF[c.dtype] == "int7" for c in configs)))
+                                int7=any(PEAK_OF[c.dtype] == "int7" for c in configs),
+                                w7a7=any(PEAK_OF[c.dtype] == "w7a7" for c in configs)))
 
 
 def _setup(request: SpeedTableRequest, model, arch_name: str, work: Workload, n_total: int, sample) -> dict:
@@ -517,7 +519,8 @@ def _header(result: dict) -> List[str]:
         + (f"; copy {machine['copy_gbps']:.1f} GB/s" if "copy_gbps" in machine else "")
         + ". GFLOP/s count the plain decoder's work for every row (% of GEMM peak: the work the row's decoder does); speedups are over the reference backend's "
           "plain decoder in the same dtype, and in fp32 (int8: int8 decoder weights and activations; "
-          "int8w: int8 decoder weights, fp32 activations; int7: int8 decoder weights, 7-bit activations).",
+          "int8w: int8 decoder weights, fp32 activations; int7: int8 decoder weights, 7-bit activations; "
+          "w7a7: 7-bit decoder weights and activations).",
     ]
 
 

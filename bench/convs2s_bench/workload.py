@@ -63,13 +63,14 @@ SUBSET_SEED = 2017  # the fixed shuffled order --sentences N cuts its subset fro
 
 # the model's dtype per configuration; "int8" is the float32 model decoding with int8 decoder
 # weights and activations, "int8w" with int8 weights and float32 activations, "int7" with int8
-# weights and 7-bit activations (ConvS2SModel.quantize_decoder_int8); int8 held against the int8
-# GEMM peak, int7 against the same with 7-bit activations, int8w (float32 math) against the
-# float32 one
+# weights and 7-bit activations, "w7a7" with 7-bit weights and activations
+# (ConvS2SModel.quantize_decoder_int8); int8 held against the int8 GEMM peak, int7 and w7a7
+# against the same with their widths, int8w (float32 math) against the float32 one
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32, "int8w": torch.float32,
-          "int7": torch.float32}
-PEAK_OF = {"fp32": "fp32", "bf16": "bf16", "int8": "int8", "int8w": "fp32", "int7": "int7"}
-INT8_ACTIVATIONS = {"int8": "int8", "int8w": "float", "int7": "int7"}
+          "int7": torch.float32, "w7a7": torch.float32}
+PEAK_OF = {"fp32": "fp32", "bf16": "bf16", "int8": "int8", "int8w": "fp32", "int7": "int7", "w7a7": "w7a7"}
+INT8_ACTIVATIONS = {"int8": "int8", "int8w": "float", "int7": "int7", "w7a7": "int7"}
+INT8_WEIGHT_BITS = {"w7a7": 7}  # 8 for the other int8 dtypes
 DECODERS = ("plain", "folded")  # folded: attention projections precomputed per sentence (exact)
 
 
