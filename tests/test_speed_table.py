@@ -269,7 +269,7 @@ def test_fractions_of_peak_above_one_are_a_bug():
 
 @pytest.mark.parametrize("dtype,activation_bits,weight_bits", [("int7", 7, 8), ("w7a7", 7, 7)])
 def test_speed_table_int8_dtypes_quantise_as_named(dtype, activation_bits, weight_bits):
-    """int7 and w7a7 rows decode with the decoder quantised to those widths, on the same model."""
+    """int7 and w7a7 rows decode with the decoder quantised to those widths, on a copy of the model."""
     from convs2s.model import build_model
     from convs2s.step_shapes import step_weight_modules
     from convs2s_bench.speed_table import Config, Models

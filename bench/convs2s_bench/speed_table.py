@@ -33,8 +33,8 @@ from .estimate import (Batch, BatchTiming, TRUNCATED_LENGTH, estimate, full_set_
                        summarise)
 from .flops import generation_flops
 from .roofline import fractions_of_peak
-from .workload import (DECODERS, DTYPES, INT8_ACTIVATIONS, INT8_WEIGHT_BITS, LENGTH_NOTE, PAPER_ROWS, PAPER_SENTENCES, PEAK_OF,
-                       REFERENCE, SUBSET_SEED, Config, fastest_config, forced_lengths, hashed_ids, random_sentences, subset_order,
+from .workload import (DECODERS, DTYPES, INT8_ACTIVATIONS, INT8_WEIGHT_BITS, LENGTH_NOTE, PAPER_ROWS,
+                       PAPER_SENTENCES, PEAK_OF, REFERENCE, SUBSET_SEED, Config, fastest_config, forced_lengths, hashed_ids, random_sentences, subset_order,
                        synthetic_lengths)
 
 
