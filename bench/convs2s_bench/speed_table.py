@@ -33,9 +33,9 @@ from .estimate import (Batch, BatchTiming, TRUNCATED_LENGTH, estimate, full_set_
                        summarise)
 from .flops import generation_flops
 from .roofline import fractions_of_peak
-from .workload import (DECODERS, DTYPES, INT8_ACTIVATIONS, INT8_WEIGHT_BITS, LENGTH_NOTE, PAPER_ROWS,
-                       PAPER_SENTENCES, PEAK_OF, REFERENCE, SUBSET_SEED, Config, fastest_config, forced_lengths, hashed_ids, random_sentences, subset_order,
-                       synthetic_lengths)
+from .workload import (DECODERS, DTYPES, INT8_QUANTIZATION, LENGTH_NOTE, PAPER_ROWS, PAPER_SENTENCES, PEAK_OF,
+                       REFERENCE, SUBSET_SEED, Config, fastest_config, forced_lengths, hashed_ids, random_sentences,
+                       subset_order, synthetic_lengths)
 
 
 class SpeedTableError(Convs2sError):
@@ -107,9 +107,9 @@ class Models:
         if config.dtype not in self.cache:
             model = self.base if config.dtype == "fp32" else copy.deepcopy(self.base)
             model.to(device=self.device, dtype=DTYPES[config.dtype])
-            model.quantize_decoder_int8(config.dtype in INT8_ACTIVATIONS,
-                                        activations=INT8_ACTIVATIONS.get(config.dtype, "int8"),
-                                        weight_bits=INT8_WEIGHT_BITS.get(config.dtype, 8))
+            activations, weight_bits = INT8_QUANTIZATION.get(config.dtype, ("int8", 8))
+            model.quantize_decoder_int8(config.dtype in INT8_QUANTIZATION, activations=activations,
+                                        weight_bits=weight_bits)
             self.cache[config.dtype] = model
         return self.cache[config.dtype].use_backend(config.backend)
 

@@ -69,8 +69,8 @@ SUBSET_SEED = 2017  # the fixed shuffled order --sentences N cuts its subset fro
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32, "int8w": torch.float32,
           "int7": torch.float32, "w7a7": torch.float32}
 PEAK_OF = {"fp32": "fp32", "bf16": "bf16", "int8": "int8", "int8w": "fp32", "int7": "int7", "w7a7": "w7a7"}
-INT8_ACTIVATIONS = {"int8": "int8", "int8w": "float", "int7": "int7", "w7a7": "int7"}
-INT8_WEIGHT_BITS = {"w7a7": 7}  # 8 for the other int8 dtypes
+# each int8 dtype's (activations, weight_bits) for quantize_decoder_int8
+INT8_QUANTIZATION = {"int8": ("int8", 8), "int8w": ("float", 8), "int7": ("int7", 8), "w7a7": ("int7", 7)}
 DECODERS = ("plain", "folded")  # folded: attention projections precomputed per sentence (exact)
 
 
