@@ -37,6 +37,7 @@
 #include "kernel_choice.h"
 #include "row_tiles.h"
 #include "small_gemm.h"
+#include "stream_ahead.h"
 #include "vec.h"
 
 #include <ATen/Parallel.h>
@@ -562,8 +563,8 @@ CONVS2S_AVX2 void w8a8_avx2(const Operands& g, int64_t rows, int64_t n0, int64_t
 // 1 (in the caches unchanged); whole fconv_wmt_en_fr decodes of the peer workload, builds alternated,
 // 0.89x (8-bit) and 0.92x (7-bit, int8 encoder). 4-16 KB measured alike; from every row tile, no
 // better; the prefetch shares below stay (without them the steps ran 1.16-1.22x slower). The VNNI
-// kernel has its own (kVnniAheadBytes), since the column sums come packed.
-constexpr int64_t kStreamAheadBytes = 8192;
+// kernel has its own (kVnniAheadBytes), since the column sums come packed. The distance,
+// kStreamAheadBytes, lives in stream_ahead.h: the read-bandwidth probe (read_peak.cpp) reads alike.
 
 // AVX2 on packed blocks: half a block (32 columns, four vectors of 8 outputs x 4 k) per pass, each
 // row's 4 activation bytes broadcast against it, sign moved as above; no horizontal sums.

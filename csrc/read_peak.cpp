@@ -2,8 +2,8 @@
 //
 // A tensor copy or sum is not the fastest reader: the packed int8 kernels prefetch their weight
 // stream ahead into L1 on every thread. Here every thread reads its contiguous share of the buffer
-// once, 64-byte lines summed into independent accumulators, asking for the lines kAheadBytes ahead
-// as the AVX2 int8 kernel does (its kStreamAheadBytes); nothing is written. On a Zen 5 VM, 2
+// once, 64-byte lines summed into independent accumulators, asking for the lines kStreamAheadBytes
+// ahead as the AVX2 int8 kernel does (stream_ahead.h); nothing is written. On a Zen 5 VM, 2
 // threads, 256 MB on huge pages: 50.7-51.0 GB/s where a copy read 40.7-42.3 and a sum 41.5-48.2.
 // The bytes past the last whole line are neither read nor counted.
 
@@ -16,19 +16,19 @@
 #include <vector>
 
 #include "kernels.h"
+#include "stream_ahead.h"
 
 namespace convs2s {
 
 namespace {
 
-constexpr int64_t kAheadBytes = 8192;
 constexpr int64_t kLine = 64;
 
 // One thread's share [begin, end) of whole lines; returns a value depending on every byte read.
 uint64_t read_lines(const char* begin, const char* end) {
   uint64_t acc[8] = {};
   for (const char* p = begin; p < end; p += kLine) {
-    __builtin_prefetch(p + kAheadBytes, 0, 3);
+    __builtin_prefetch(p + kStreamAheadBytes, 0, 3);
     uint64_t words[8];
     std::memcpy(words, p, kLine);
     for (int i = 0; i < 8; ++i) acc[i] += words[i];

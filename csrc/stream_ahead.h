@@ -1,0 +1,12 @@
+// How far ahead of its reads a streaming kernel asks for the lines of its stream (into L1): the
+// AVX2 int8 kernel's own prefetch (linear_w8a8_cpu.cpp, where it is measured) and the read
+// bandwidth probe that plays that kernel's reader for the roofline (read_peak.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace convs2s {
+
+constexpr int64_t kStreamAheadBytes = 8192;
+
+}  // namespace convs2s
