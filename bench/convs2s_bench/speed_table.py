@@ -352,11 +352,10 @@ def measure_machine(device: torch.device, configs: Sequence[Config]) -> dict:
 
     from .roofline import measure_peaks
 
+    kinds = {PEAK_OF[c.dtype] for c in configs}  # the peaks the rows are held against
     return dict(machine_description(device),
                 **measure_peaks(device, sorted({DTYPES[c.dtype] for c in configs}, key=str),
-                                int8=any(PEAK_OF[c.dtype] == "int8" for c in configs),
-                                int7=any(PEAK_OF[c.dtype] == "int7" for c in configs),
-                                w7a7=any(PEAK_OF[c.dtype] == "w7a7" for c in configs)))
+                                int8="int8" in kinds, int7="int7" in kinds, w7a7="w7a7" in kinds))
 
 
 def _setup(request: SpeedTableRequest, model, arch_name: str, work: Workload, n_total: int, sample) -> dict:
