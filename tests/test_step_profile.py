@@ -57,23 +57,49 @@ def test_profile_table_has_a_line_per_row_count(monkeypatch):
     monkeypatch.setattr(step_profile, "gemm_peak_gflops", lambda: 100.0)
     result = step_profile.run("fconv_iwslt_de_en", [1, 4], src_len=5, vocab=64)
     assert [r["rows"] for r in result["rows"]] == [1, 4]
-    assert all(r["step_s"] > 0 and r["ops_ms"] for r in result["rows"])
+    assert all(r["step_s"] > 0 and r["ops_ms"] and 0 < r["seen"] <= 1 for r in result["rows"])
     text = step_profile.format_profile(result)
     assert "| 1 |" in text and "| 4 |" in text and "copy 10.0 GB/s" in text
     weight_bytes = round(result["weight_mb"] * 1e6)
     assert sizes == [max(1, weight_bytes // 2 // (1 << 20))]  # the copy touches as many bytes as the step's weights
 
 
-def test_paired_bound_holds_each_step_against_the_limits_sampled_beside_it():
-    """Each step against the bound of its own sample: max(bytes / copy, FLOPs / compute), the
-    median of the ratios and their range."""
-    rec = dict(bytes=2e9, flops=1e9, step_times=[0.2, 0.3, 0.5],
-               limits=[(10.0, 100.0), (20.0, 5.0), (20.0, None)])
-    # bounds: max(0.2, 0.01) = 0.2 s; max(0.1, 0.2) = 0.2 s (compute-bound); 0.1 s (no compute limit)
+def test_paired_bound_holds_each_step_against_the_limits_sampled_around_it():
+    """Each step against the bound of the better of the samples right before and right after it:
+    max(bytes / copy, FLOPs / compute), the median of the ratios, their range, and the steps that
+    beat both samples counted."""
+    rec = dict(bytes=2e9, flops=1e9, step_times=[0.2, 0.3, 0.05],
+               limits=[(10.0, 100.0), (20.0, 5.0), (20.0, None), (5.0, None)])
+    # around step 0: (20, 100) -> max(0.1, 0.01) = 0.1 s; step 1: (20, 5) -> max(0.1, 0.2) = 0.2 s
+    # (compute-bound); step 2: (20, no compute limit) -> 0.1 s, beaten (0.5x)
     paired = step_profile.paired_bounds(rec)
-    assert paired["ratio"] == pytest.approx(1.5) and paired["ratio_range"] == pytest.approx((1.0, 5.0))
-    assert paired["bound_ms"] == pytest.approx(200.0)
+    assert paired["ratio"] == pytest.approx(1.5) and paired["ratio_range"] == pytest.approx((0.5, 2.0))
+    assert paired["bound_ms"] == pytest.approx(100.0)
+    assert (paired["below_one"], paired["steps"]) == (1, 3)
     assert step_profile.paired_bounds(dict(bytes=1, flops=1)) is None
+
+
+def _result(step_s, seen, limits=()):
+    row = dict(rows=3, step_s=step_s, step_range=(step_s, step_s), ops_ms={"op": 1.0}, profiled_step_s=step_s,
+               seen=seen, step_times=[step_s], limits=list(limits), bytes=1e9, flops=1e9)
+    return dict(arch="a", src_len=5, machine=dict(cpu="c", threads=2, isa=["AVX2"], isa_caps=None),
+                kernels_isa="avx2", copy_gbps=10.0, gemm_gflops=100.0, weight_mb=1000.0, rows=[row])
+
+
+def test_the_profile_refuses_a_step_below_the_best_limits_of_its_run():
+    """The unpaired bound takes the best limits measured anywhere in the run (the start's and every
+    sample's): a median step under it is a miscount, and the table is refused."""
+    text = step_profile.format_profile(_result(0.2, 0.9))  # bound max(1e9 / 10e9, 1e9 / 100e9) = 0.1 s
+    assert "| 3 | 200.00 (200.00-200.00) | 100.00 | 2.00x |" in text
+    faster_sample = [(20.0, 100.0), (5.0, 100.0)]  # one sample saw 20 GB/s: the bound falls to 0.05 s
+    assert "| 50.00 | 4.00x |" in step_profile.format_profile(_result(0.2, 0.9, faster_sample))
+    with pytest.raises(step_profile.StepProfileError, match="beat the bound"):
+        step_profile.format_profile(_result(0.09, 0.9))
+
+
+def test_the_profile_refuses_ops_longer_than_their_steps():
+    with pytest.raises(step_profile.StepProfileError, match="101%"):
+        step_profile.format_profile(_result(0.2, 1.01))
 
 
 @pytest.mark.parametrize("int8", [False, True])

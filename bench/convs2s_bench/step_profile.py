@@ -2,9 +2,11 @@
 default backend) at a few row counts, its wall time against the machine's own limits measured
 in the same run (weight bytes / copy bandwidth, FLOPs / GEMM peak), and its ops' share from
 torch.profiler (the C++ kernels record themselves: ``convs2s::few_rows_nk`` / ``few_rows_kn``).
-The limits are also sampled right before every timed step (``roofline.LimitSampler``), and each
-step held against its own bound ("paired"): on a VM whose speed changes for seconds at a time,
-the best-of limits at the start and the steps' median need not see the same machine.
+The limits are also sampled beside every timed step (``roofline.LimitSampler``, right before it and
+right after it), and each step held against the better of those two ("paired"): on a VM whose
+speed changes for seconds at a time, the best-of limits at the start and the steps' median need
+not see the same machine. The unpaired bound takes the best limits measured anywhere in the run,
+so that a step below it is a miscount (refused, as ops' times above their steps' are).
 
     python3 -m convs2s_bench.step_profile --arch fconv_wmt_en_fr --rows 1,12,160 --out profile.md
 
@@ -33,6 +35,12 @@ from .report import positive_ints, publish
 from .roofline import LimitSampler, copy_peak_gbps, gemm_peak_gflops, int8_gemm_peak_gops
 
 SOURCE_LEN = 27  # the mean newstest source (25.4 subwords) rounded up, as in the peer workload
+PROFILED_STEPS = 5  # steps under torch.profiler, timed on their own (the profiler slows them a little)
+
+
+class StepProfileError(AssertionError):
+    """A step faster than the best limits measured in its run, or ops longer than the steps they ran
+    in: a miscount in the profile, never a result."""
 
 
 def sentences_and_beam(rows: int) -> Tuple[int, int]:
@@ -101,28 +109,65 @@ def profile_rows(model, rows: int, steps: int = 40, src_len: int = SOURCE_LEN,
             t0 = time.perf_counter()
             step()
             times.append(time.perf_counter() - t0)
+        if sampler is not None:
+            limits.append(sampler.sample())  # right after the last step: each step has one before and after
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(PROFILED_STEPS):
                 step()
-    ops = {e.key: e.self_cpu_time_total / 1e3 / 5 for e in prof.key_averages()}
+            profiled_s = (time.perf_counter() - t0) / PROFILED_STEPS
+    ops = {e.key: e.self_cpu_time_total / 1e3 / PROFILED_STEPS for e in prof.key_averages()}
     return dict(rows=rows, step_s=statistics.median(times), step_range=(min(times), max(times)), ops_ms=ops,
+                profiled_step_s=profiled_s, seen=_calling_thread_share(prof, profiled_s * PROFILED_STEPS),
                 step_times=times, limits=limits)
 
 
+def _calling_thread_share(prof, wall_s: float) -> float:
+    """The share of the profiled steps' wall time inside ops on the stepping thread: its events' self
+    times (children excluded, so nothing counts twice; ops a worker thread records are left out, as
+    they overlap the calling thread's)."""
+    per_thread: dict = {}
+    for e in prof.events():
+        per_thread[e.thread] = per_thread.get(e.thread, 0.0) + e.self_cpu_time_total
+    return max(per_thread.values(), default=0.0) / 1e6 / wall_s
+
+
+def _better(a: Tuple[float, Optional[float]], b: Tuple[float, Optional[float]]) -> Tuple[float, Optional[float]]:
+    return max(a[0], b[0]), max((c for c in (a[1], b[1]) if c), default=None)
+
+
 def paired_bounds(rec: dict) -> Optional[dict]:
-    """From a row count's steps and the limits sampled beside each: the median bound (ms) and the
-    median, lowest and highest of the per-step ratios step / bound; None without samples."""
-    pairs = [(t, max(rec["bytes"] / copy / 1e9, rec["flops"] / compute / 1e9 if compute else 0.0))
-             for t, (copy, compute) in zip(rec.get("step_times", []), rec.get("limits", []))]
-    if not pairs:
+    """From a row count's steps and the limits sampled beside each (the better of the sample right
+    before a step and the one right after it): the median bound (ms), the median, lowest and
+    highest of the per-step ratios step / bound, and how many steps beat their bound (a sample that
+    under-measured the machine for a moment); None without samples."""
+    limits, times = rec.get("limits", []), rec.get("step_times", [])
+    if not limits:
         return None
+    around = [_better(limits[i], limits[min(i + 1, len(limits) - 1)]) for i in range(min(len(times), len(limits)))]
+    pairs = [(t, max(rec["bytes"] / copy / 1e9, rec["flops"] / compute / 1e9 if compute else 0.0))
+             for t, (copy, compute) in zip(times, around)]
     ratios = [t / b for t, b in pairs]
     return dict(bound_ms=statistics.median(b for _, b in pairs) * 1e3, ratio=statistics.median(ratios),
-                ratio_range=(min(ratios), max(ratios)))
+                ratio_range=(min(ratios), max(ratios)), below_one=sum(r < 1 for r in ratios), steps=len(ratios))
+
+
+def best_limits(result: dict) -> Tuple[float, float]:
+    """The best copy bandwidth and compute rate measured anywhere in the run: the best-of at its
+    start and every sample beside a step. The unpaired bound uses these, so that a step below it
+    is a miscount, never a slow sample."""
+    compute = result["int8_gops"] if result.get("int8") else result["gemm_gflops"]
+    copies, computes = [result["copy_gbps"]], [compute]
+    for r in result["rows"]:
+        for copy, rate in r.get("limits", []):
+            copies.append(copy)
+            computes.append(rate or 0.0)
+    return max(copies), max(computes)
 
 
 def format_profile(result: dict, top: int = 8) -> str:
     m = result["machine"]
+    best_copy, best_compute = best_limits(result)
     seven = result.get("activation_bits") == 7
     weights = "7-bit" if result.get("weight_bits") == 7 else "int8"
     dtype = (f"{weights} decoder weights and 7-bit activations" if seven else "int8 decoder weights and activations"
@@ -136,28 +181,43 @@ def format_profile(result: dict, top: int = 8) -> str:
              f"; kernels {result['kernels_isa']}.",
              f"Limits measured in this run, best of 5 at its start: copy {result['copy_gbps']:.1f} GB/s (a copy "
              f"touching the step's {result.get('weight_mb', 0):.0f} MB of weights), {peak}. "
-             "Bound = max(weight bytes / copy bandwidth, FLOPs / compute peak). 'paired': the limits sampled "
-             "again right before every timed step (a copy, a sum and a prefetching read over the same bytes; "
+             f"Bound = max(weight bytes / copy bandwidth, FLOPs / compute peak), with the best limits measured "
+             f"anywhere in the run (those, or any sample below): copy {best_copy:.1f} GB/s, compute {best_compute:.0f}. "
+             "'paired': the limits sampled again beside every timed step (a copy, a sum and a prefetching read "
+             "over the same bytes; "
              + ("the better of the int8 dot products' register-only rate and the int8 kernel at 64 rows" if result.get("int8") else "the FMA units' rate") +
-             "), each step held against its own bound; the median of those ratios (lowest-highest).", "",
-             "Ops the profiler sees cover the share of the step in 'seen' (kernels built without "
-             "RECORD_FUNCTION labels are invisible to it and fall outside).", "",
+             "; the better of the sample right before the step and the one right after it), each step held "
+             "against its own bound; the median of those ratios (lowest-highest).", "",
+             f"'seen': the share of {PROFILED_STEPS} steps run under torch.profiler (timed on their own) that the "
+             "stepping thread spent inside ops it sees (kernels built without RECORD_FUNCTION labels are "
+             "invisible to it and fall outside); the top ops' ms and % are per profiled step.", "",
              "| rows | step ms (median, range) | bound ms | step / bound | paired bound ms | paired step / bound "
              "| seen | top ops: ms per step (% of step) |",
              "|---|---|---|---|---|---|---|---|"]
+    notes = []
     for r in result["rows"]:
         step_ms = r["step_s"] * 1e3
-        compute = result["int8_gops"] if result.get("int8") else result["gemm_gflops"]
-        bound_ms = max(r["bytes"] / result["copy_gbps"] / 1e6, r["flops"] / compute / 1e6)
+        bound_ms = max(r["bytes"] / best_copy / 1e6, r["flops"] / best_compute / 1e6)
+        if step_ms < bound_ms:
+            raise StepProfileError(f"{r['rows']} rows: the median step ({step_ms:.2f} ms) beat the bound of the best "
+                                   f"limits measured in the run ({bound_ms:.2f} ms): the bytes or FLOPs are miscounted")
+        profiled_ms = r.get("profiled_step_s", r["step_s"]) * 1e3
+        seen = r.get("seen", sum(r["ops_ms"].values()) / profiled_ms)
+        if seen > 1.0:
+            raise StepProfileError(f"{r['rows']} rows: the stepping thread's ops took {100 * seen:.0f}% of the "
+                                   "profiled steps' wall time: their times are miscounted")
         ranked = sorted(r["ops_ms"].items(), key=lambda kv: -kv[1])[:top]
-        ops = "; ".join(f"{k} {v:.2f} ({100 * v / step_ms:.0f}%)" for k, v in ranked)
+        ops = "; ".join(f"{k} {v:.2f} ({100 * v / profiled_ms:.0f}%)" for k, v in ranked)
         paired = paired_bounds(r)
         paired_cells = (f"{paired['bound_ms']:.2f} | {paired['ratio']:.2f}x ({paired['ratio_range'][0]:.2f}-"
                         f"{paired['ratio_range'][1]:.2f})" if paired else "- | -")
+        if paired and paired["below_one"]:
+            notes.append(f"{r['rows']} rows: {paired['below_one']} of {paired['steps']} steps beat both limit "
+                         "samples beside them (those samples under-measured the machine for a moment).")
         lines.append(f"| {r['rows']} | {step_ms:.2f} ({r['step_range'][0] * 1e3:.2f}-{r['step_range'][1] * 1e3:.2f}) | "
                      f"{bound_ms:.2f} | {step_ms / bound_ms:.2f}x | {paired_cells} | "
-                     f"{100 * sum(r['ops_ms'].values()) / step_ms:.0f}% | {ops} |")
-    return "\n".join(lines)
+                     f"{100 * seen:.0f}% | {ops} |")
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def run(arch: str, rows: Sequence[int], src_len: int = SOURCE_LEN, vocab: int = 40000, int8: bool = False,
