@@ -20,8 +20,17 @@ from typing import List, Optional
 from .errors import Convs2sError
 
 
+def _number(kind, text: str):
+    """``kind(text)``, or argparse's one-line error naming the value (not the parser's function)."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'a whole number' if kind is int else 'a number'}, "
+                                         f"got {text!r}") from None
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _number(int, text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
@@ -29,7 +38,7 @@ def _positive_int(text: str) -> int:
 
 def _non_negative(kind):
     def parse(text: str):
-        value = kind(text)
+        value = _number(kind, text)
         if value < 0:
             raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
         return value
@@ -78,17 +87,17 @@ def _load_for_translation(args):
     import convs2s_kernels as ck
 
     if args.fairseq_checkpoint is None:
-        raise SystemExit("error: give a model with --fairseq-checkpoint PATH (and --fairseq-dicts DIR if the "
+        raise Convs2sError("give a model with --fairseq-checkpoint PATH (and --fairseq-dicts DIR if the "
                          "dictionaries are not beside it)")
     if args.int7_weights and not args.int7:
-        raise SystemExit("error: --int7-weights goes with --int7 (7-bit activations): only that pair multiplies faster")
+        raise Convs2sError("--int7-weights goes with --int7 (7-bit activations): only that pair multiplies faster")
     if args.int8_encoder and not (args.int8 or args.int7):
-        raise SystemExit("error: --int8-encoder quantises the encoder alike: give it with --int8 or --int7 (with "
+        raise Convs2sError("--int8-encoder quantises the encoder alike: give it with --int8 or --int7 (with "
                          "float activations its many-row products would turn every weight back into float32 per call)")
     try:  # check the backend before the (slow) checkpoint load
         ck.requested_backends(args.backend)
     except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
+        raise Convs2sError(str(exc)) from None
     model, src_dict, tgt_dict = convs2s.load_fairseq(args.fairseq_checkpoint, args.fairseq_dicts,
                                                       trust_pickle=args.trust_pickle)
     model.use_backend(args.backend)
@@ -231,9 +240,12 @@ def cmd_train(args) -> int:
     from .architectures import get_config
     from .train import StopKind, Trainer, TrainingDiverged, init_distributed
 
+    import convs2s_kernels as ck
+
     cfg = train_config_from_args(args)
-    try:
-        get_config(cfg.arch, **cfg.model_overrides)  # bad architecture options fail before data loading
+    try:  # bad architecture options or an unknown backend fail before data loading
+        get_config(cfg.arch, **cfg.model_overrides)
+        ck.requested_backends(cfg.backend)
     except (TypeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -482,6 +494,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:  # e.g. piped into `head`: the reader has what it wanted
         sys.stderr.close()
         return 0
-    except (Convs2sError, FileNotFoundError) as exc:  # bad input, named in one line: never a traceback
+    except (Convs2sError, OSError) as exc:  # bad input or a path that can't be read or written: one line
         print(f"error: {exc}", file=sys.stderr)
         return 2

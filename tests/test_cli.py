@@ -73,3 +73,19 @@ def test_a_malformed_dictionary_from_the_script_has_no_traceback(checkpoint, tmp
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [f"error: {checkpoint.parent / 'dict.tgt.txt'}:2: duplicate symbol 'w0' "
                                         "(fairseq needs '#fairseq:overwrite' for that)"]
+
+
+def test_train_refuses_an_unknown_backend_before_loading_data(tmp_path, capsys):
+    rc = main(["train", str(tmp_path / "never-read"), "--save-dir", str(tmp_path / "s"),
+               "--backend", "gpu9000"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err  # after the one line saying which precision it would train in
+    assert err.splitlines()[-1].startswith("error: unknown backend 'gpu9000'")
+
+
+def test_vs_fairseq_refuses_a_json_path_without_a_folder_before_timing(tmp_path, capsys):
+    rc = main(["bench", "vs-fairseq", "--fairseq-python", "never-run", "--checkpoint", "never-read.pt",
+               "--input", "never-read.ids", "--json", str(tmp_path / "no" / "r.json")])
+    assert rc == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: --json {tmp_path / 'no' / 'r.json'}: the folder "
+                                                    f"{tmp_path / 'no'} does not exist"]

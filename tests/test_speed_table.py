@@ -221,6 +221,30 @@ def test_speed_table_errors_name_the_problem(tmp_path, capsys):
     assert "unknown dtype 'fp8'" in capsys.readouterr().err
     assert main(["bench", "speed-table", *TINY, "--decoders", "turbo"]) == 2
     assert "unknown decoder 'turbo'" in capsys.readouterr().err
+    assert main(["bench", "speed-table", *TINY, "--device", "gpu9000"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["error: unknown --device 'gpu9000'; use cpu or cuda"]
+    for flag in ("--json", "--plot"):  # refused before any timing, not after
+        assert main(["bench", "speed-table", *TINY, flag, str(tmp_path / "no" / "t.out")]) == 2
+        assert capsys.readouterr().err.splitlines() == [f"error: {flag} {tmp_path / 'no' / 't.out'}: the folder "
+                                                        f"{tmp_path / 'no'} does not exist"]
+
+
+def test_a_row_above_the_peak_is_kept_marked_and_fails_the_command(tmp_path, capsys, monkeypatch):
+    """A rate above the measured GEMM peak is a miscount: the table is still printed and saved
+    (the timings stand), the row marked, and then the command fails in one line."""
+    from convs2s_bench import roofline
+
+    measure = roofline.measure_peaks
+    monkeypatch.setattr(roofline, "measure_peaks", lambda *a, **k: dict(measure(*a, **k), gemm_gflops_fp32=1e-6))
+    out_json = tmp_path / "t.json"
+    rc = main(["bench", "speed-table", *TINY, "--sentences", "2", "--beams", "1", "--repeats", "1",
+               "--backends", "reference", "--json", str(out_json)])
+    captured = capsys.readouterr()
+    assert rc == 2 and "| ! above peak |" in captured.out and "! reference plain fp32 beam 1: fraction_of_gemm_peak" in captured.out
+    assert captured.err.splitlines()[-1] == ("error: reference plain fp32 beam 1 ran above the measured GEMM peak "
+                                             "(rows marked '!'): the work is miscounted or the peak under-measured")
+    row, = json.loads(out_json.read_text())["rows"]
+    assert row["fraction_of_gemm_peak"] is None and "> 1" in row["accounting_error"] and row["seconds"] > 0
 
 
 def _bench_file(path, machine, medians):

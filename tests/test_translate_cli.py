@@ -115,12 +115,27 @@ def test_remove_bpe():
     assert Tokenizer(remove_bpe="@@ ").decode(["the", "hou@@", "se", "is"]) == "the house is"
 
 
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    return err
+
+
 def test_bad_options_fail_before_loading(tmp_path, capsys):
-    with pytest.raises(SystemExit, match="unknown backend 'fastest'"):
-        main(["translate", "--fairseq-checkpoint", str(tmp_path / "never-read.pt"), "--backend", "fastest"])
-    with pytest.raises(SystemExit):
+    assert main(["translate", "--fairseq-checkpoint", str(tmp_path / "never-read.pt"), "--backend", "fastest"]) == 2
+    assert "unknown backend 'fastest'" in one_line_error(capsys)
+    with pytest.raises(SystemExit) as exit_:
         main(["translate", "--min-len", "-1"])
-    assert "must be >= 0" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["translate", "--beam", "x"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--beam: expected a whole number, got 'x'" in err and "_positive_int" not in err
+
+
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    assert main(["translate", "--fairseq-checkpoint", str(tmp_path / "model.pt"), "--output", str(tmp_path)]) == 2
+    assert "Is a directory" in one_line_error(capsys)
 
 
 def test_translate_int8_equals_generate_with_int8_weights(fixture_dir, tmp_path, monkeypatch):
@@ -161,12 +176,12 @@ def test_translate_int8_equals_generate_with_int8_weights(fixture_dir, tmp_path,
 
 
 @pytest.mark.parametrize("others", [[], ["--int8"], ["--int8-weights-only"]])
-def test_seven_bit_weights_without_seven_bit_activations_are_refused(others):
-    with pytest.raises(SystemExit, match="--int7-weights goes with --int7"):
-        main(["translate", "--fairseq-checkpoint", "never-read.pt", "--int7-weights", *others])
+def test_seven_bit_weights_without_seven_bit_activations_are_refused(others, capsys):
+    assert main(["translate", "--fairseq-checkpoint", "never-read.pt", "--int7-weights", *others]) == 2
+    assert "--int7-weights goes with --int7" in one_line_error(capsys)
 
 
 @pytest.mark.parametrize("others", [[], ["--int8-weights-only"]])
-def test_int8_encoder_without_int8_activations_is_refused(others):
-    with pytest.raises(SystemExit, match="--int8-encoder quantises the encoder alike: give it with --int8 or --int7"):
-        main(["translate", "--fairseq-checkpoint", "never-read.pt", "--int8-encoder", *others])
+def test_int8_encoder_without_int8_activations_is_refused(others, capsys):
+    assert main(["translate", "--fairseq-checkpoint", "never-read.pt", "--int8-encoder", *others]) == 2
+    assert "--int8-encoder quantises the encoder alike: give it with --int8 or --int7" in one_line_error(capsys)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Callable, Type, TypeVar
 
 import torch
@@ -34,6 +35,14 @@ def _reported_as(error: Type[Convs2sError], call: Callable[[], T]) -> T:
         raise error(str(exc)) from exc
 
 
+def _check_output(path, flag: str, error: Type[Convs2sError]) -> None:
+    """A file the command will write must have a folder to go in: said before any timing, not after."""
+    if path:
+        folder = Path(path).resolve().parent
+        if not folder.is_dir():
+            raise error(f"{flag} {path}: the folder {folder} does not exist")
+
+
 def _set_threads(threads: int) -> None:
     if threads:
         torch.set_num_threads(threads)
@@ -41,10 +50,12 @@ def _set_threads(threads: int) -> None:
 
 def speed_table(args) -> int:
     """``convs2s bench speed-table``: time the table, print it, write the JSON and the plot."""
-    from .speed_table import SpeedTableError, SpeedTableRequest, format_table, run, write_json
+    from .speed_table import SpeedTableError, SpeedTableRequest, accounting_errors, format_table, run, write_json
 
     if args.full and args.sentences is not None:
         raise SpeedTableError("give either --full or --sentences")
+    _check_output(args.json, "--json", SpeedTableError)
+    _check_output(args.plot, "--plot", SpeedTableError)
     _set_threads(args.threads)
     mode = "subset" if args.sentences is not None else "full" if args.full or args.checkpoint else "estimate"
     request = SpeedTableRequest(
@@ -64,6 +75,10 @@ def speed_table(args) -> int:
 
         plot_table(result, args.plot)
         print(f"wrote {args.plot}")
+    wrong = accounting_errors(result)
+    if wrong:  # after the table is out and saved: the timings stand, the FLOP count or a peak does not
+        raise SpeedTableError(f"{', '.join(wrong)} ran above the measured GEMM peak (rows marked '!'): the work "
+                              "is miscounted or the peak under-measured")
     return 0
 
 
@@ -74,6 +89,7 @@ def vs_fairseq(args) -> int:
     from .vs_fairseq import VsFairseqError, compare, format_result
     from .workload import Config
 
+    _check_output(args.json, "--json", VsFairseqError)
     _set_threads(args.threads)
     config = Config(args.backend, args.decoder, "fp32") if args.backend else None
     result = _reported_as(VsFairseqError, lambda: compare(

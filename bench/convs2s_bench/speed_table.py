@@ -32,7 +32,7 @@ from convs2s.errors import Convs2sError
 from .estimate import (Batch, BatchTiming, TRUNCATED_LENGTH, estimate, full_set_batches, sample_batches,
                        summarise)
 from .flops import generation_flops
-from .roofline import fractions_of_peak
+from .roofline import RooflineError, fractions_of_peak
 from .workload import (DECODERS, DTYPES, INT8_QUANTIZATION, LENGTH_NOTE, PAPER_ROWS, PAPER_SENTENCES, PEAK_OF,
                        REFERENCE, SUBSET_SEED, Config, fastest_config, forced_lengths, hashed_ids, random_sentences,
                        subset_order, synthetic_lengths)
@@ -272,7 +272,10 @@ class SpeedTableRequest:
 
     def configs(self) -> Tuple[torch.device, List[Config]]:
         """The device and the configurations to time; options that do not fit together are an error."""
-        dev = torch.device(self.device)
+        try:
+            dev = torch.device(self.device)
+        except RuntimeError:
+            raise SpeedTableError(f"unknown --device {self.device!r}; use cpu or cuda") from None
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise SpeedTableError("--device cuda asked for, but torch sees no CUDA device")
         if self.mode not in ("estimate", "full", "subset"):
@@ -466,8 +469,13 @@ class Table:
         # than the plain one, whose work the GFLOP/s column counts for every row)
         folded = config.decoder == "folded"
         done = generation_flops(self.models.base, sources, tgt_lengths, beam, folded=True) if folded else flops
-        fraction = fractions_of_peak(gflops_per_s=done / median / 1e9, gb_per_s=0.0,
-                                     gemm_gflops=self.machine.get(f"gemm_gflops_{PEAK_OF[config.dtype]}"))
+        try:  # no peak for the dtype (int8 on a GPU): no fraction; above the peak: kept as the row's error
+            fraction = fractions_of_peak(gflops_per_s=done / median / 1e9, gb_per_s=0.0,
+                                         gemm_gflops=self.machine.get(f"gemm_gflops_{PEAK_OF[config.dtype]}")
+                                         ).get("fraction_of_gemm_peak")
+            accounting_error = None
+        except RooflineError as exc:  # the table is still printed and saved, then the command fails
+            fraction, accounting_error = None, str(exc)
         uncertainty = [d["model_uncertainty_s"] for d in rec["per_repeat"] if "model_uncertainty_s" in d]
         return dict(
             backend=config.backend, decoder=config.decoder, dtype=config.dtype, beam=beam,
@@ -478,7 +486,7 @@ class Table:
             model_uncertainty_s=max(uncertainty) if uncertainty else None,
             sentences_per_s=len(work.sources) / median, tokens_per_s=sum(tgt_lengths) / median,
             gflops_per_s=flops / median / 1e9,
-            fraction_of_gemm_peak=fraction["fraction_of_gemm_peak"],
+            fraction_of_gemm_peak=fraction, accounting_error=accounting_error,
             bleu=self.scorer.bleu(rec["outputs"]), dispatches=dispatches, fell_back=fell_back,
             per_repeat=rec["per_repeat"])
 
@@ -523,6 +531,19 @@ def _header(result: dict) -> List[str]:
     ]
 
 
+def _percent_of_peak(row: dict) -> str:
+    if row.get("accounting_error"):
+        return "! above peak"
+    fraction = row.get("fraction_of_gemm_peak")
+    return "-" if fraction is None else f"{100 * fraction:.0f}%"
+
+
+def accounting_errors(result: dict) -> List[str]:
+    """The rows whose rate came out above the machine's measured peak (a miscount, never a result)."""
+    return [f"{r['backend']} {r['decoder']} {r['dtype']} beam {r['beam']}" for r in result["rows"]
+            if r.get("accounting_error")]
+
+
 def format_table(result: dict) -> str:
     """Markdown: the header, this machine's rows, what fell back, the paper's rows beside them."""
     rows, setup = result["rows"], result["setup"]
@@ -541,8 +562,13 @@ def format_table(result: dict) -> str:
         lines.append(
             f"| {r['label']} | {r['decoder']} | {r['dtype']} | {r['beam']} | {bleu} | {r['seconds']:,.1f} | "
             f"{r['seconds_min']:,.1f}–{r['seconds_max']:,.1f} | {model_pm} | {r['sentences_per_s']:.2f} | "
-            f"{r['tokens_per_s']:.1f} | {r['gflops_per_s']:.1f} | {100 * r['fraction_of_gemm_peak']:.0f}% | "
+            f"{r['tokens_per_s']:.1f} | {r['gflops_per_s']:.1f} | {_percent_of_peak(r)} | "
             f"{speedup[0]} | {speedup[1]} |")
+    wrong = [r for r in rows if r.get("accounting_error")]
+    if wrong:
+        lines.append("")
+    for r in wrong:
+        lines.append(f"! {r['backend']} {r['decoder']} {r['dtype']} beam {r['beam']}: {r['accounting_error']}.")
     starred = [r for r in rows if r["fell_back"]]
     if starred:
         lines.append("")
