@@ -97,8 +97,8 @@ def test_generate_one_sentence(benchmark, runnable, peaks, device, models, provi
     backend, fold, int8, use_shortlist, one_call = CONFIGS[provider]
     model = models("fp32")
     x = torch.zeros(1, 8, device=device)
-    if int8:
-        runnable(backend, "linear_int8", x, torch.zeros(4, 8, dtype=torch.int8, device=device), torch.ones(4, device=device))
+    if int8:  # quantize_decoder_int8's default: int8 activations too, linear_w8a8
+        runnable(backend, "linear_w8a8", x, torch.zeros(4, 8, dtype=torch.int8, device=device), torch.ones(4, device=device))
     else:
         runnable(backend, "conv_step", x, torch.zeros(1, 2, 8, device=device), torch.zeros(3, 8, 16, device=device))
     g = torch.Generator().manual_seed(3)
@@ -114,20 +114,18 @@ def test_generate_one_sentence(benchmark, runnable, peaks, device, models, provi
         return convs2s.generate(model, source, beam=beam, max_len_a=1.2, max_len_b=10, forced_length=[FORCED],
                                 fold_attention=fold, shortlist=shortlist)
 
+    vocab_rows = int(shortlist.candidates(torch.tensor(source)).numel()) if shortlist else VOCAB
     try:
         hyps = run()
         benchmark.pedantic(run, rounds=1 if SMOKE else 3, iterations=1)
-    finally:
+        # the bytes the timed runs streamed, counted while the decoder is still quantised
+        step_bytes, moved = decoder_step_bytes(model, vocab_rows), streamed_bytes(model, FORCED + 1, vocab_rows)
+    finally:  # the module's shared model back to float32 and the reference, whatever happened
         model.use_backend(None).quantize_decoder_int8(False)
         model.decoder.fused_step = True
     tokens = [len(h[0]["tokens"]) for h in hyps]
     assert tokens == [FORCED + 1]
     benchmark.extra_info["target_tokens"] = sum(tokens)
-    vocab_rows = int(shortlist.candidates(torch.tensor(source)).numel()) if shortlist else VOCAB
     benchmark.extra_info["vocabulary"] = vocab_rows
-    model.quantize_decoder_int8(int8)  # count the bytes the timed runs streamed
-    step_bytes = decoder_step_bytes(model, vocab_rows)
-    record(benchmark, flops=generation_flops(model, [LENGTH], tokens, beam),
-           bytes_moved=streamed_bytes(model, FORCED + 1, vocab_rows), peaks=peaks, dtype_name="fp32",
-           working_set_bytes=step_bytes, device=device)
-    model.quantize_decoder_int8(False)
+    record(benchmark, flops=generation_flops(model, [LENGTH], tokens, beam), bytes_moved=moved, peaks=peaks,
+           dtype_name="int8" if int8 else "fp32", working_set_bytes=step_bytes, device=device)

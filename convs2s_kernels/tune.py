@@ -494,8 +494,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not shapes:
             shapes = [parse_shape(name) for name in tune_cache.load()]
         for dtype in (d.strip() for d in args.dtype.split(",") if d.strip()):
-            shapes += [Shape(s.form, dtype, s.K, s.N) for s in shapes
-                       if not (dtype == "int8" and s.form in ("kn", "kp")) and s.form not in ACTIVATION_BITS]
+            # as cold as the shape it comes from (stream_mb kept): a weight timed hot chooses wrongly
+            float_forms = [s for s in shapes if s.form not in ACTIVATION_BITS]  # w8a8 / w7a8: int8 already
+            fits = [s for s in float_forms if not (dtype == "int8" and s.form in ("kn", "kp"))]
+            skipped = [s.name for s in float_forms if s not in fits]
+            if skipped:
+                print(f"--dtype {dtype}: not for {', '.join(skipped)} (int8 weights are stored (N, K): form nk)",
+                      file=sys.stderr)
+            shapes += [Shape(s.form, dtype, s.K, s.N, s.stream_mb) for s in fits]
     except ValueError as exc:
         p.error(str(exc))
     if not shapes:

@@ -5,6 +5,7 @@ import torch
 
 import convs2s_kernels as ck
 from convs2s_kernels import dispatch
+from harness import require_or_skip
 
 
 def step_args(requires_grad=False):
@@ -60,8 +61,7 @@ def test_auto_falls_back_when_grad_is_needed():
 
 
 def test_auto_prefers_cpp_for_inference_when_built():
-    if ck.available_backends()["cpp"] is not None:
-        pytest.skip(f"cpp backend not available: {ck.available_backends()['cpp']}")
+    require_or_skip("cpp")
     with torch.no_grad():
         assert dispatch.selected_backend_name("conv_step", torch.device("cpu"), None, *step_args()) == "cpp"
 

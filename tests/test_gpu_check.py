@@ -2,6 +2,7 @@
 CUDA tools' output, the committed report, the autotuners' run-time pruning, and the CI mode
 itself (compiled for sm_80/sm_90 on this CPU, in a subprocess without the interpreter)."""
 
+import functools
 import json
 import os
 import subprocess
@@ -14,13 +15,26 @@ import torch
 import triton
 
 from convs2s_kernels import gpu_check
+from harness import REQUIRE_ENV, required_backends
 from convs2s_kernels.triton_common import fits
 from convs2s_kernels.triton_common.fits import (MAX_COMPILE_S, SHARED_LIMITS, config_fits, config_id, prune_configs,
                                                 row_violations, violations)
 
 REPO = Path(__file__).resolve().parent.parent
 MISSING = gpu_check.tools_missing()
-needs_tools = pytest.mark.skipif(MISSING is not None, reason=f"cannot compile for a GPU here: {MISSING}")
+
+
+def needs_tools(test):
+    """Run ``test`` where Triton can compile for a GPU; elsewhere skip it, or fail it when the triton
+    backend is required (CI), so that a broken Triton install cannot pass the checks unseen."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        if MISSING is not None:
+            if "triton" in required_backends():
+                pytest.fail(f"the triton backend is required ({REQUIRE_ENV}) but cannot compile for a GPU: {MISSING}")
+            pytest.skip(f"cannot compile for a GPU here: {MISSING}")
+        return test(*args, **kwargs)
+    return run
 
 # `cuobjdump --dump-resource-usage` of a Triton 3.9 cubin (conv_glu forward, fp32 IEEE, sm_80)
 CUOBJDUMP_SAMPLE = """

@@ -8,6 +8,7 @@ sources. Each case compares the backend with the reference computed in float64.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import random
@@ -112,25 +113,78 @@ def beam_candidates_case(rng, dtype):
     return (logits, -20 * torch.rand(N)), kwargs
 
 
+def beam_update_case(rng, dtype):
+    """A random search step's candidates and buffers: sentences done or part-finished, ignored
+    beams, EOS from rare to common among the candidates, sometimes the last step, sometimes the
+    attention carried along."""
+    k, B = rng.randint(1, 5), rng.randint(1, 4)
+    B0, max_len, V, N = B + rng.randint(0, 3), rng.randint(1, 12), rng.randint(5, 40), B * k
+    step, src_len = rng.randint(0, max_len), rng.choice([0, rng.randint(1, 6)])
+    logits = torch.randn(N, V, dtype=dtype)
+    logits[:, 2] += rng.uniform(0.0, 4.0)  # EOS (2)
+    ignore = torch.rand(B, k) < rng.random() * 0.5
+    cands = ck.beam_candidates_ref(logits, -10 * torch.rand(N, dtype=dtype), beam=k, step=step, max_len=max_len,
+                                   ignore=ignore)
+    tokens = torch.randint(4, V, (N, max_len + 2 + rng.choice([0, 3])))[:, : max_len + 2]  # maybe a wider buffer's
+    scores = -torch.rand(N, max_len + 1, dtype=dtype).cumsum(1)
+    finished = ck.FinishedHypotheses.empty(B0, k, max_len, src_len)
+    finished.count.copy_(torch.randint(0, k + 1, (B0,)))
+    finished.done.copy_(finished.count == k)
+    kwargs = dict(lenpen=rng.choice([1.0, 0.6, 1.3]), at_max_len=step == max_len,
+                  attn=torch.rand(N, src_len, max_len + 2, dtype=dtype) if src_len else None)
+    return (cands, step, tokens, scores, ignore, torch.randperm(B0)[:B], finished), kwargs
+
+
+def first_tensor(args) -> torch.Tensor:
+    return next(a for a in args if isinstance(a, torch.Tensor))
+
+
 CASES = {"conv_glu": conv_glu_case, "attention_embsum": attention_case, "conv_step": conv_step_case,
          "linear": linear_case, "linear_int8": linear_int8_case, "linear_w8a8": linear_w8a8_case,
          "decoder_step": decoder_step_case,
-         "beam_candidates": beam_candidates_case}
+         "beam_candidates": beam_candidates_case, "beam_update": beam_update_case}
 REFERENCES = {"conv_glu": ck.conv_glu_ref, "attention_embsum": ck.attention_embsum_ref, "conv_step": ck.conv_step_ref,
               "linear": ck.linear_ref, "linear_int8": ck.linear_int8_ref, "linear_w8a8": ck.linear_w8a8_ref,
               "decoder_step": ck.decoder_step_ref,
-              "beam_candidates": ck.beam_candidates_ref}
+              "beam_candidates": ck.beam_candidates_ref, "beam_update": ck.beam_update_ref}
 
 
 def as_double(value):
     return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
+def check_beam_update(backend, args, kwargs):
+    """In place on the search's buffers: the backend on the case's, the reference on a copy; the
+    same parents, next ignore and buffers, bit for bit (the finished slots' scratch rows aside)."""
+    ref_args, ref_kwargs = copy.deepcopy((args, kwargs))
+    want = ck.beam_update_ref(*ref_args, **ref_kwargs)
+    got = ck.beam_update(*args, **kwargs, backend=backend)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), "parents or next ignore"
+    for name, g, w in (("tokens", args[2], ref_args[2]), ("scores", args[3], ref_args[3]),
+                       ("attn", kwargs["attn"], ref_kwargs["attn"])):
+        assert (g is None and w is None) or torch.equal(g, w), name
+    finished, ref_finished = args[6], ref_args[6]
+    slots = finished.count.numel() * args[4].shape[1]
+    for name, g, w in zip(finished._fields, finished, ref_finished):
+        if g is not None:
+            assert torch.equal(g[:slots] if g.shape[0] == 2 * slots else g,
+                               w[:slots] if w.shape[0] == 2 * slots else w), f"finished.{name}"
+
+
 def check_case(op, backend, args, kwargs, dtype):
+    if op == "beam_update":
+        check_beam_update(backend, args, kwargs)
+        return
     got = getattr(ck, op)(*args, **kwargs, backend=backend)
-    if op == "decoder_step":
+    if op == "decoder_step":  # (x, attention or None, new states): every output
         want = ck.decoder_step_ref(*args, **kwargs)
         torch.testing.assert_close(got[0], want[0], **TOLERANCE[dtype])
+        assert (got[1] is None) == (want[1] is None), "attention returned iff asked for"
+        if want[1] is not None:
+            torch.testing.assert_close(got[1], want[1], **TOLERANCE[dtype])
+        assert len(got[2]) == len(want[2])
+        for new, ref in zip(got[2], want[2]):
+            torch.testing.assert_close(new, ref, **TOLERANCE[dtype])
         return
     if op == "beam_candidates":  # a search step: the same choices, bit for bit (ties in any order)
         assert_same_candidates(got, ck.beam_candidates_ref(*args, **kwargs))
@@ -153,11 +207,12 @@ def test_fuzz_against_reference(op, backend):
     torch.manual_seed(rng.randrange(2 ** 31))
     tried, ran, deadline = 0, 0, time.monotonic() + SECONDS
     while tried < MAX_CASES and (time.monotonic() < deadline or tried < MIN_CASES):
-        dtype = rng.choice([torch.float32, torch.float64] if op not in ("linear", "linear_w8a8", "decoder_step", "beam_candidates")
+        dtype = rng.choice([torch.float32, torch.float64] if op not in ("linear", "linear_w8a8", "decoder_step", "beam_candidates",
+                                                                        "beam_update")
                            else [torch.float32])
         args, kwargs = CASES[op](rng, dtype)
         tried += 1
-        if ck.backend_reasons(backend, op, args[0].device, *args, **kwargs):
+        if ck.backend_reasons(backend, op, first_tensor(args).device, *args, **kwargs):
             continue  # outside what this backend takes (e.g. more rows than a few-row kernel)
         try:
             check_case(op, backend, args, kwargs, dtype)
