@@ -88,18 +88,43 @@ def _result(step_s, seen, limits=()):
 
 def test_the_profile_refuses_a_step_below_the_best_limits_of_its_run():
     """The unpaired bound takes the best limits measured anywhere in the run (the start's and every
-    sample's): a median step under it is a miscount, and the table is refused."""
-    text = step_profile.format_profile(_result(0.2, 0.9))  # bound max(1e9 / 10e9, 1e9 / 100e9) = 0.1 s
-    assert "| 3 | 200.00 (200.00-200.00) | 100.00 | 2.00x |" in text
+    sample's): a median step under it is a miscount, said under the table."""
+    good = _result(0.2, 0.9)
+    text = step_profile.format_profile(good)  # bound max(1e9 / 10e9, 1e9 / 100e9) = 0.1 s
+    assert "| 3 | 200.00 (200.00-200.00) | 100.00 | 2.00x |" in text and "!" not in text
+    assert step_profile.miscounts(good) == []
     faster_sample = [(20.0, 100.0), (5.0, 100.0)]  # one sample saw 20 GB/s: the bound falls to 0.05 s
     assert "| 50.00 | 4.00x |" in step_profile.format_profile(_result(0.2, 0.9, faster_sample))
-    with pytest.raises(step_profile.StepProfileError, match="beat the bound"):
-        step_profile.format_profile(_result(0.09, 0.9))
+    fast = _result(0.09, 0.9)
+    assert step_profile.miscounts(fast) == ["3 rows: the median step (90.00 ms) beat the bound of the best limits "
+                                            "measured in the run (100.00 ms): the bytes or FLOPs are miscounted"]
+    assert "\n! 3 rows: the median step (90.00 ms) beat" in step_profile.format_profile(fast)
 
 
 def test_the_profile_refuses_ops_longer_than_their_steps():
-    with pytest.raises(step_profile.StepProfileError, match="101%"):
-        step_profile.format_profile(_result(0.2, 1.01))
+    assert ["101%" in m for m in step_profile.miscounts(_result(0.2, 1.01))] == [True]
+
+
+def test_a_refused_profile_is_still_written_and_exits_2(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(step_profile, "run", lambda *a, **k: _result(0.09, 0.9))
+    out = tmp_path / "p.md"
+    assert step_profile.main(["--rows", "3", "--out", str(out)]) == 2
+    assert "| 3 | 90.00" in out.read_text() and "! 3 rows" in out.read_text()
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("error: the profile is refused ('!' under its table): 3 rows: the median")
+
+
+def test_the_share_counts_the_stepping_thread_only():
+    """Self times of the thread that ran the profiled steps, the range around them left out; a
+    worker thread's ops overlap that thread's time and are not added."""
+    from types import SimpleNamespace as E
+
+    events = [E(name=step_profile.PROFILED_RANGE, thread=1, self_cpu_time_total=300.0),
+              E(name="aten::mm", thread=1, self_cpu_time_total=500.0),
+              E(name="aten::mm", thread=1, self_cpu_time_total=100.0),
+              E(name="aten::add", thread=1, self_cpu_time_total=50.0),
+              E(name="aten::mm", thread=7, self_cpu_time_total=900.0)]
+    assert step_profile.stepping_thread_ops(events) == {"aten::mm": 600.0, "aten::add": 50.0}
 
 
 @pytest.mark.parametrize("int8", [False, True])
