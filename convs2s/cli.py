@@ -82,22 +82,29 @@ def cmd_bench_compare(args) -> int:
     return compare(args)
 
 
-def _load_for_translation(args):
-    import convs2s
+def _check_translation_options(args) -> None:
+    """The options that do not fit together, or an unknown backend: said before any file is opened
+    (an --output would be emptied) or the checkpoint loaded."""
     import convs2s_kernels as ck
 
     if args.fairseq_checkpoint is None:
         raise Convs2sError("give a model with --fairseq-checkpoint PATH (and --fairseq-dicts DIR if the "
-                         "dictionaries are not beside it)")
+                           "dictionaries are not beside it)")
     if args.int7_weights and not args.int7:
         raise Convs2sError("--int7-weights goes with --int7 (7-bit activations): only that pair multiplies faster")
     if args.int8_encoder and not (args.int8 or args.int7):
         raise Convs2sError("--int8-encoder quantises the encoder alike: give it with --int8 or --int7 (with "
-                         "float activations its many-row products would turn every weight back into float32 per call)")
-    try:  # check the backend before the (slow) checkpoint load
+                           "float activations its many-row products would turn every weight back into float32 per call)")
+    try:
         ck.requested_backends(args.backend)
     except ValueError as exc:
         raise Convs2sError(str(exc)) from None
+
+
+def _load_for_translation(args):
+    import convs2s
+
+    _check_translation_options(args)
     model, src_dict, tgt_dict = convs2s.load_fairseq(args.fairseq_checkpoint, args.fairseq_dicts,
                                                       trust_pickle=args.trust_pickle)
     model.use_backend(args.backend)
@@ -144,6 +151,7 @@ def _run_translation(args, consume) -> int:
 def cmd_translate(args) -> int:
     from .translate import write_lines
 
+    _check_translation_options(args)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
         return _run_translation(
@@ -494,6 +502,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:  # e.g. piped into `head`: the reader has what it wanted
         sys.stderr.close()
         return 0
-    except (Convs2sError, OSError) as exc:  # bad input or a path that can't be read or written: one line
+    except Convs2sError as exc:  # bad input, named in one line: never a traceback
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        # a missing input (the readers name it), or a path that can't be read or written; another OSError
+        # (a socket, a full disk mid-run) is no input of the user's: its traceback shows where
+        if exc.filename is None and not isinstance(exc, FileNotFoundError):
+            raise
+        print(f"error: {exc}", file=sys.stderr)  # a file that can't be read or written, named
         return 2

@@ -227,6 +227,8 @@ def test_speed_table_errors_name_the_problem(tmp_path, capsys):
         assert main(["bench", "speed-table", *TINY, flag, str(tmp_path / "no" / "t.out")]) == 2
         assert capsys.readouterr().err.splitlines() == [f"error: {flag} {tmp_path / 'no' / 't.out'}: the folder "
                                                         f"{tmp_path / 'no'} does not exist"]
+        assert main(["bench", "speed-table", *TINY, flag, str(tmp_path)]) == 2
+        assert capsys.readouterr().err.splitlines() == [f"error: {flag} {tmp_path} is a folder; name a file"]
 
 
 def test_a_row_above_the_peak_is_kept_marked_and_fails_the_command(tmp_path, capsys, monkeypatch):

@@ -138,6 +138,14 @@ def test_an_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
     assert "Is a directory" in one_line_error(capsys)
 
 
+def test_bad_options_leave_an_existing_output_alone(tmp_path, capsys):
+    out = tmp_path / "out.txt"
+    out.write_text("yesterday's translations\n")
+    assert main(["translate", "--fairseq-checkpoint", "never-read.pt", "--output", str(out), "--backend", "fastest"]) == 2
+    assert "unknown backend 'fastest'" in one_line_error(capsys)
+    assert out.read_text() == "yesterday's translations\n"
+
+
 def test_translate_int8_equals_generate_with_int8_weights(fixture_dir, tmp_path, monkeypatch):
     lines = fixture_lines(fixture_dir)[:3]
     src, out_file = tmp_path / "in.txt", tmp_path / "out.txt"

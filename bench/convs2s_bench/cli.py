@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Type, TypeVar
@@ -36,11 +37,15 @@ def _reported_as(error: Type[Convs2sError], call: Callable[[], T]) -> T:
 
 
 def _check_output(path, flag: str, error: Type[Convs2sError]) -> None:
-    """A file the command will write must have a folder to go in: said before any timing, not after."""
+    """A file the command will write must be writable where it goes: said before any timing, not after."""
     if path:
         folder = Path(path).resolve().parent
         if not folder.is_dir():
             raise error(f"{flag} {path}: the folder {folder} does not exist")
+        if Path(path).is_dir():
+            raise error(f"{flag} {path} is a folder; name a file")
+        if not os.access(folder, os.W_OK):
+            raise error(f"{flag} {path}: the folder {folder} is not writable")
 
 
 def _set_threads(threads: int) -> None:
@@ -56,6 +61,11 @@ def speed_table(args) -> int:
         raise SpeedTableError("give either --full or --sentences")
     _check_output(args.json, "--json", SpeedTableError)
     _check_output(args.plot, "--plot", SpeedTableError)
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (drawn after the timings: missing, it must say so now)
+        except ImportError as exc:
+            raise SpeedTableError(f"--plot needs matplotlib ({exc})") from None
     _set_threads(args.threads)
     mode = "subset" if args.sentences is not None else "full" if args.full or args.checkpoint else "estimate"
     request = SpeedTableRequest(
