@@ -115,6 +115,15 @@ def stream_mb(weight_bytes: int) -> int:
     return 1 << (mb - 1).bit_length()
 
 
+def _twin_stream_mb(shape: Shape, dtype: str) -> int:
+    """The stream of ``shape``'s twin in ``dtype``: the same weight set stored in ``dtype`` (an int8
+    model streams a quarter of its float bytes), the size a decoder of that dtype asks for; 0 stays
+    0 (timed hot)."""
+    if not shape.stream_mb:
+        return 0
+    return stream_mb((shape.stream_mb << 20) * DTYPES[dtype].itemsize // DTYPES[shape.dtype].itemsize)
+
+
 def _operands(shape: Shape, rows: int, gen: torch.Generator):
     dtype = DTYPES[shape.dtype]
     act = torch.float32 if dtype == torch.int8 else dtype
@@ -501,7 +510,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if skipped:
                 print(f"--dtype {dtype}: not for {', '.join(skipped)} (int8 weights are stored (N, K): form nk)",
                       file=sys.stderr)
-            shapes += [Shape(s.form, dtype, s.K, s.N, s.stream_mb) for s in fits]
+            shapes += [Shape(s.form, dtype, s.K, s.N, _twin_stream_mb(s, dtype)) for s in fits]
     except ValueError as exc:
         p.error(str(exc))
     if not shapes:

@@ -112,8 +112,9 @@ def test_the_int8_kernel_runs_below_its_instructions_register_rate():
                 assert isa == "baseline" and dot == "None"
             else:
                 assert isa == "avx2", "capped at AVX2, the int8 kernels run their AVX2 code"
-                # no slack: the kernel ran at 0.79-0.84 of it on a Zen 5 capped at AVX2 (2026-11-26)
-                assert 0 < float(kernel) <= float(dot), (bits, kernel, dot)
+                # the kernel ran at 0.79-0.84 of it on a Zen 5 capped at AVX2 (2026-11-26); 5% for the
+                # short samples' noise, not 15%
+                assert 0 < float(kernel) <= 1.05 * float(dot), (bits, kernel, dot)
                 # 32 multiply-adds per 2 multiplies (64 per 3 paired) against 8 per FMA: at most 4x
                 # (6x) the FMA units' rate
                 assert float(dot) < (6 if bits == (7, 7) else 4) * float(fma), (bits, dot, fma)

@@ -304,10 +304,11 @@ def test_cli_prints_the_table_and_refuses_bad_shapes(fresh):
     env = dict(__import__("os").environ, **{tune_cache.DIR_ENV: str(fresh)})
     run = lambda *a: subprocess.run([sys.executable, "-m", "convs2s_kernels.tune", *a], capture_output=True,  # noqa: E731
                                     text=True, env=env, timeout=300)
-    ok = run("--shapes", "nk:16x24,nk:16x40@1MB,kn:bfloat16:16x32", "--dtype", "int8")
+    ok = run("--shapes", "nk:16x24,nk:16x40@8MB,kn:bfloat16:16x32", "--dtype", "int8")
     assert ok.returncode == 0, ok.stderr
-    # the int8 twin of a shape timed cold is timed as cold (its @MB kept)
-    for name in ("nk:float32:16x24", "nk:float32:16x40@1MB", "kn:bfloat16:16x32", "nk:int8:16x24", "nk:int8:16x40@1MB"):
+    # the int8 twin of a shape timed cold streams what an int8 decoder of that float size asks for:
+    # a quarter of the bytes
+    for name in ("nk:float32:16x24", "nk:float32:16x40@8MB", "kn:bfloat16:16x32", "nk:int8:16x24", "nk:int8:16x40@2MB"):
         assert f"| {name} |" in ok.stdout
     assert "kn:int8" not in ok.stdout and "RuntimeWarning" not in ok.stderr
     assert "--dtype int8: not for kn:bfloat16:16x32" in ok.stderr
@@ -339,6 +340,8 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     model.quantize_decoder_int8(activations="float")
     int8 = [s.name for s in step_weight_shapes(model.decoder)]
     assert "nk:int8:768x512@2MB" in int8 and all(":int8:" in n for n in int8)  # a quarter of the bytes
+    # what `tune --dtype int8` times for the float shapes is what this int8 decoder asks for
+    assert all(n.endswith(f"@{tune._twin_stream_mb(shapes[0], 'int8')}MB") for n in int8)
     asked = []
     monkeypatch.setattr("convs2s.decoder.ensure_kernel_choice", lambda s: asked.append([x.name for x in s]))
     with torch.no_grad():
