@@ -211,6 +211,17 @@ class Trainer:
         if too_long:
             raise DataError(f"{too_long} training examples exceed the model's {max_pos} positions; "
                             "prepare the data with a smaller --max-len")
+        if self.valid_set is not None:  # checked now, not when the first epoch ends and validates
+            longest = torch.maximum(self.valid_set.src_lengths, self.valid_set.tgt_lengths)
+            too_long = int((longest > max_pos).sum())
+            if too_long:
+                raise DataError(f"{too_long} validation examples exceed the model's {max_pos} positions; "
+                                "prepare the data with a smaller --max-len")
+            try:
+                batch_by_tokens(self.valid_set.src_lengths, self.valid_set.tgt_lengths, cfg.max_tokens,
+                                max_sentences=cfg.max_sentences, shuffle=False)
+            except DataError as exc:
+                raise DataError(f"validation set: {exc}") from None
         # NAG: torch's Nesterov SGD equals fairseq's NAG, lr changes included (notes, section 5.1).
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                          nesterov=True, weight_decay=cfg.weight_decay)
@@ -276,8 +287,8 @@ class Trainer:
         except (RuntimeError, ValueError, KeyError) as exc:
             raise CheckpointError(f"cannot resume from {path}: {exc}") from None
         self.progress = Progress(**state["progress"])
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.progress.lr
+        for group in self.optimizer.param_groups:  # the annealed lr, and this run's other settings
+            group.update(lr=self.progress.lr, momentum=self.cfg.momentum, weight_decay=self.cfg.weight_decay)
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(_as_tuple(state["rng"]["python"]))
 
@@ -375,18 +386,27 @@ class Trainer:
             self.log(f"epoch {epochs_done:g} update {p.num_updates}: valid ppl {perplexity(valid_nll):.3f} "
                      f"(best {perplexity(p.best_valid_nll):.3f}), lr {p.lr:g}, "
                      f"{p.train_seconds / 60:.1f} min")
-            self.save("checkpoint_last.pt")
-            if improved:
+            if improved:  # best first: checkpoint_last.pt records this one as the best
                 self.save("checkpoint_best.pt")
+            self.save("checkpoint_last.pt")
         else:
             self.save("checkpoint_last.pt")
 
     def _install_signal_handlers(self):
+        """SIGINT, SIGTERM and SIGHUP (a closed terminal) stop after the update, with a checkpoint; a
+        second one stops now (KeyboardInterrupt), e.g. during a long validation."""
+        previous = {}
+
         def handler(signum, frame):
+            if self._stop_signal:
+                for sig, h in previous.items():
+                    signal.signal(sig, h)
+                raise KeyboardInterrupt(f"a second {signal.Signals(signum).name}")
             self._stop_signal = signal.Signals(signum).name
 
-        previous = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is None:
+                continue
             try:
                 previous[sig] = signal.signal(sig, handler)
             except ValueError:  # not the main thread
@@ -405,7 +425,21 @@ class Trainer:
             return StopReason(StopKind.MAX_TIME, f"reached --max-time {c.max_time_minutes:g} min")
         return None
 
+    def _agree_across_processes(self) -> None:
+        """Every process takes the same stopping decision: each adopts the longest training time of
+        any and a signal any received. Only the main process saves, so the clocks drift apart by the
+        saves' time; a process stopping alone would leave the others waiting in their next all-reduce."""
+        if self.info.world_size == 1:
+            return
+        shared = torch.tensor([self.progress.train_seconds, 1.0 if self._stop_signal else 0.0],
+                              dtype=torch.float64, device=self.device)
+        dist.all_reduce(shared, op=dist.ReduceOp.MAX)
+        self.progress.train_seconds = float(shared[0])
+        if float(shared[1]) > 0 and not self._stop_signal:
+            self._stop_signal = "a signal to another process"
+
     def _done_or_signalled(self) -> Optional[StopReason]:
+        self._agree_across_processes()
         if self._stop_signal:
             return self._done() or StopReason(StopKind.SIGNAL, f"stopped by {self._stop_signal}")
         return self._done()

@@ -193,12 +193,14 @@ def test_hard_kill_then_resume_continues_the_same_loss_curve(copy_data, tmp_path
     assert sorted(losses_by_update(killed)) == list(range(1, target + 1))
 
 
-def test_sigterm_stops_after_the_update_and_keeps_the_position(copy_data, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_stops_after_the_update_and_keeps_the_position(copy_data, tmp_path, sig):
+    """SIGHUP too: a closed terminal or dropped ssh session keeps the run's position."""
     save = tmp_path / "run"
     proc = subprocess.Popen(_train_cmd(copy_data, save, "--max-update", "100000"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _wait_for_updates(save, 3, proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     assert proc.wait(timeout=60) == 130
     state = read_checkpoint(save / "checkpoint_last.pt")[TRAIN_STATE_KEY]
     assert state["progress"]["num_updates"] == max(losses_by_update(save))
@@ -225,6 +227,48 @@ def test_stop_reasons_are_values_with_the_printed_message(copy_data, tmp_path):
     assert [k.value for k in StopKind if StopReason(k, "").mid_epoch] == ["max-update", "max-time", "signal"]
 
 
+def test_a_second_signal_stops_at_once(copy_data, tmp_path):
+    """The first signal asks for a stop after the update; a second (a long validation, say) raises
+    KeyboardInterrupt at once, and the handlers from before come back."""
+    trainer = Trainer(tiny_config(copy_data, tmp_path), **QUIET)
+    before = signal.getsignal(signal.SIGTERM)
+    previous = trainer._install_signal_handlers()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert trainer._stop_signal == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt, match="a second SIGTERM"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
+def test_resume_takes_this_runs_momentum_and_weight_decay(copy_data, tmp_path):
+    Trainer(tiny_config(copy_data, tmp_path, max_update=2), **QUIET).train()
+    trainer = Trainer(tiny_config(copy_data, tmp_path, max_update=3, momentum=0.9, weight_decay=1e-4), **QUIET)
+    trainer.train(resume=True)
+    assert [(g["momentum"], g["weight_decay"]) for g in trainer.optimizer.param_groups] == [(0.9, 1e-4)]
+    state = read_checkpoint(tmp_path / "checkpoint_last.pt")[TRAIN_STATE_KEY]
+    assert state["config"]["momentum"] == 0.9 and state["optimizer"]["param_groups"][0]["momentum"] == 0.9
+
+
+def test_a_validation_example_too_long_is_refused_before_training(tmp_path):
+    d = Dictionary([f"w{i}" for i in range(VOCAB)])
+    short, long = [[5, 6, 7]] * 4, [[5] * 40]
+    write_data_folder(tmp_path / "bin", "src", "tgt", d, d, {"train": TokenDataset(short, short),
+                                                             "valid": TokenDataset(long, long)})
+    with pytest.raises(convs2s.data.DataError, match="1 validation examples exceed the model's 30 positions"):
+        Trainer(tiny_config(str(tmp_path / "bin"), tmp_path / "a", model_overrides=dict(max_source_positions=32,
+                                                                                         max_target_positions=32)),
+                **QUIET)
+    with pytest.raises(convs2s.data.DataError, match="validation set: example 0 has 41 tokens, more than "
+                                                     "--max-tokens 30"):
+        Trainer(tiny_config(str(tmp_path / "bin"), tmp_path / "b", max_tokens=30), **QUIET)
+
+
 # --- several processes -------------------------------------------------------------------
 def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(copy_data, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -247,6 +291,21 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(copy_da
     # the update changed the weights: the comparison is not between two untouched models
     init = Trainer(tiny_config(copy_data, tmp_path / "init", model_overrides=dict(dropout=0.1)), **QUIET).model
     assert not torch.equal(init.state_dict()["decoder.fc3.weight_v"], b["model"]["decoder.fc3.weight_v"])
+
+
+def test_two_processes_stop_together_at_max_time(copy_data, tmp_path):
+    """Only the main process saves, so the two clocks drift apart by the saves' time: the processes
+    take the longest of them, and stop at the same update with the last checkpoint written."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "convs2s",
+         *_train_cmd(copy_data, tmp_path / "two", "--max-time", "0.03", "--save-interval", "1", "--min-lr", "0")[3:]],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "done: reached --max-time 0.03 min" in run.stdout + run.stderr  # not a plateau's --min-lr
+    state = read_checkpoint(tmp_path / "two" / "checkpoint_last.pt")[TRAIN_STATE_KEY]
+    assert state["progress"]["train_seconds"] >= 0.03 * 60
+    assert state["progress"]["num_updates"] == max(losses_by_update(tmp_path / "two"))
 
 
 # --- bad input -----------------------------------------------------------------------------
