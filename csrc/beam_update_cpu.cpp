@@ -88,6 +88,26 @@ std::vector<at::Tensor> beam_update(const at::Tensor& cand_scores, const at::Ten
   TORCH_CHECK(tokens.size(1) >= step + 2 && scores.size(1) >= step + 1 && f_tokens.size(1) >= step + 1,
               "beam_update: the buffers are shorter than step ", step, " needs");
   TORCH_CHECK(attn.has_value() == f_attn.has_value(), "beam_update: attention buffers come in pairs");
+  // the accessors below do not check their bounds: every size they are read at, checked here
+  for (const at::Tensor* t : {&cand_tokens, &cand_beams, &cand_eos})
+    TORCH_CHECK(t->dim() == 2 && t->size(0) == B && t->size(1) == C,
+                "beam_update: the candidates' tokens, beams and eos_mask must be (B, C) like their scores");
+  TORCH_CHECK(sent_ids.dim() == 1 && sent_ids.size(0) == B, "beam_update: sent_ids must be (B,)");
+  const int64_t slots = 2 * f_count.size(0) * k;
+  TORCH_CHECK(f_done.size(0) == f_count.size(0) && f_tokens.size(0) == slots && f_pos_scores.size(0) == slots &&
+                  f_pos_scores.size(1) >= step + 1 && f_scores.size(0) == slots && f_lengths.size(0) == slots,
+              "beam_update: the finished buffers must hold 2 x sentences x beam rows (FinishedHypotheses.empty)");
+  if (attn.has_value())
+    TORCH_CHECK(attn->dim() == 3 && attn->size(0) == B * k && attn->size(2) >= step + 2 && f_attn->dim() == 3 &&
+                    f_attn->size(0) == slots && f_attn->size(1) == attn->size(1) && f_attn->size(2) >= step + 1,
+                "beam_update: attn (B * beam, S, > step + 1) and finished.attn (2 x sentences x beam, S, > step)");
+  {
+    const auto parent = cand_beams.accessor<int64_t, 2>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < C; ++j)
+        TORCH_CHECK(parent[b][j] >= 0 && parent[b][j] < k, "beam_update: cands.beams[", b, "][", j, "] = ",
+                    parent[b][j], " is not a beam in [0, ", k, ")");
+  }
   Candidates c{cand_scores.accessor<float, 2>(), cand_tokens.accessor<int64_t, 2>(),
                cand_beams.accessor<int64_t, 2>(), cand_eos.accessor<bool, 2>()};
   Finished f{f_tokens.accessor<int64_t, 2>(), f_pos_scores.accessor<float, 2>(), f_scores.accessor<float, 1>(),

@@ -104,6 +104,20 @@ def test_input_errors():
         ck.beam_update(cands, 1, tokens[:3], scores, ignore, sent_ids, finished, attn=attn)
     with pytest.raises(TypeError, match="cands must be a convs2s_kernels.BeamCandidates"):
         ck.beam_update(tuple(cands), 1, tokens, scores, ignore, sent_ids, finished, attn=attn)
+    # candidates or finished buffers of another beam, or parents outside the beam, are refused, not
+    # read past their ends (the cpp kernel's accessors do not check)
+    with pytest.raises(ValueError, match=r"cands.beams must have shape \(B, C\), like cands.scores"):
+        ck.beam_update(cands._replace(beams=cands.beams[:, :-1]), 1, tokens, scores, ignore, sent_ids, finished,
+                       attn=attn)
+    with pytest.raises(ValueError, match="finished.scores must have shape"):
+        ck.beam_update(cands, 1, tokens, scores, ignore, sent_ids, finished._replace(scores=finished.scores[:-1]),
+                       attn=attn)
+    require_or_skip("cpp")
+    with pytest.raises(RuntimeError, match=r"cands.beams\[0\]\[0\] = 2 is not a beam in \[0, 2\)"):
+        bad_beams = cands.beams.clone()
+        bad_beams[0, 0] = 2
+        ck.beam_update(cands._replace(beams=bad_beams), 1, tokens, scores, ignore, sent_ids, finished, attn=attn,
+                       backend="cpp")
     why = ck.backend_reasons("cpp", "beam_update", tokens.device, cands, 1, tokens, scores.double(), ignore,
                              sent_ids, finished)
     assert why and "float32" in why[0]

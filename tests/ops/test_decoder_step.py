@@ -135,6 +135,16 @@ def test_decoder_step_bad_inputs_name_the_problem():
         ck.decoder_step(x, states, bad, emb, pad, lengths)
     with pytest.raises(ValueError, match=r"beam_index values must lie in \[0, 3\]"):
         ck.decoder_step(x, states, layers, emb, pad, lengths, torch.tensor([0, 1, 2, 4]))
+    # a bias one short would be read past its end by the few-row kernels
+    out = layers[0].conv_weight.shape[-1]
+    with pytest.raises(ValueError, match=rf"layers\[0\]\.conv_bias must have shape \({out},\), one per output, got \({out - 1},\)"):
+        bad = [dataclasses.replace(layers[0], conv_bias=layers[0].conv_bias[:-1])]
+        ck.decoder_step(x, states, bad + list(layers[1:]), emb, pad, lengths)
+    with pytest.raises(ValueError, match=r"layers\[0\]\.proj_bias is given but layers\[0\]\.proj_weight is None"):
+        bad = [dataclasses.replace(layers[0], proj_weight=None, proj_bias=torch.zeros(3))]
+        ck.decoder_step(x, states, bad + list(layers[1:]), emb, pad, lengths)
+    with pytest.raises(ValueError, match="emb_scores is on meta but x is on cpu"):
+        ck.decoder_step(x, states, layers, emb.to("meta"), pad, lengths)
     # a float conv weight takes its conv-step packing only, never the int8 one
     with pytest.raises(ValueError, match=r"packed must be pack_conv_step_weight\(weight\)"):
         bad = [dataclasses.replace(layers[0], conv_packed=torch.zeros(1, 16, 64, 4, dtype=torch.int8))]

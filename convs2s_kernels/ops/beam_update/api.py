@@ -30,6 +30,9 @@ def _check_buffers(cands, step, tokens, scores, ignore, sent_ids, finished, attn
     check_shape("cands.scores", cands.scores, (B, None), "(B, C)")
     if cands.scores.shape[1] < k:
         raise ValueError(f"cands has {cands.scores.shape[1]} candidates per sentence, fewer than the beam ({k})")
+    C = cands.scores.shape[1]
+    for name in ("tokens", "beams", "eos_mask"):
+        check_shape(f"cands.{name}", getattr(cands, name), (B, C), "(B, C), like cands.scores")
     check_tensor("tokens", tokens, 2, floating=False)
     check_shape("tokens", tokens, (B * k, None), "(B * beam, L + 2)")
     check_tensor("scores", scores, 2)
@@ -52,6 +55,11 @@ def _check_buffers(cands, step, tokens, scores, ignore, sent_ids, finished, attn
     if finished.tokens.shape[0] != 2 * finished.count.shape[0] * k:
         raise ValueError(f"finished holds {finished.tokens.shape[0]} rows; beam {k} needs 2 x sentences x beam "
                          f"= {2 * finished.count.shape[0] * k}")
+    rows = finished.tokens.shape[0]
+    check_shape("finished.pos_scores", finished.pos_scores, tuple(finished.tokens.shape), "like finished.tokens")
+    for name in ("scores", "lengths"):
+        check_shape(f"finished.{name}", getattr(finished, name), (rows,), "(2 x sentences x beam,)")
+    check_shape("finished.done", finished.done, tuple(finished.count.shape), "like finished.count")
     if (attn is None) != (finished.attn is None):
         raise ValueError("attn and finished.attn come together (both or neither)")
 

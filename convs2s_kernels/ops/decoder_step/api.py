@@ -23,6 +23,21 @@ def decoder_step_tensors(x, states, layers, emb_scores, *args, **kwargs):
     return (x, emb_scores, *states, *weights)
 
 
+def _check_biases(i: int, layer: StepLayer, x: torch.Tensor) -> None:
+    """Each bias one value per output of its weight, beside x (the kernels read it as such)."""
+    conv_out = layer.conv_weight.shape[0] if layer.conv_scale is not None else layer.conv_weight.shape[-1]
+    proj_out = None if layer.proj_weight is None else layer.proj_weight.shape[0]
+    for name, bias, n in (("conv_bias", layer.conv_bias, conv_out), ("proj_bias", layer.proj_bias, proj_out)):
+        if bias is None:
+            continue
+        if n is None:
+            raise ValueError(f"layers[{i}].{name} is given but layers[{i}].proj_weight is None")
+        if bias.dim() != 1 or bias.shape[0] != n:
+            raise ValueError(f"layers[{i}].{name} must have shape ({n},), one per output, got {tuple(bias.shape)}")
+        if bias.device != x.device:
+            raise ValueError(f"layers[{i}].{name} is on {bias.device} but x is on {x.device}")
+
+
 def _check_layers(states, layers, x: torch.Tensor) -> None:
     if len(states) != len(layers):
         raise ValueError(f"states has {len(states)} entries but there are {len(layers)} layers")
@@ -57,6 +72,7 @@ def _check_layers(states, layers, x: torch.Tensor) -> None:
                                  + (" or pack_conv_step_weight of a float conv weight" if part == "conv" else
                                     " or pack_linear_weight of a float projection"))
             check_packed(getattr(layer, f"{part}_weight"), packed)
+        _check_biases(i, layer, x)
         check_tensor(f"states[{i}]", states[i], 3)
         if states[i].shape[0] != states[0].shape[0]:
             raise ValueError(f"states[{i}] has {states[i].shape[0]} rows but states[0] has {states[0].shape[0]}")
@@ -87,6 +103,9 @@ def decoder_step(x: torch.Tensor, states: Sequence[torch.Tensor], layers: Sequen
                          f"not B * beam = {B * beam}")
     check_tensor("pad_mask", pad_mask, 2, floating=False)
     check_shape("pad_mask", pad_mask, (B, S), "(B, S)")
+    for name, t in (("emb_scores", emb_scores), ("pad_mask", pad_mask)):
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
     check_tensor("src_lengths", src_lengths, 1, floating=False)
     check_shape("src_lengths", src_lengths, (B,), "(B,)")
     _check_layers(states, layers, x)
