@@ -99,6 +99,20 @@ def _check_translation_options(args) -> None:
         ck.requested_backends(args.backend)
     except ValueError as exc:
         raise Convs2sError(str(exc)) from None
+    from .generate import _check_search_options
+
+    _check_search_options(args.beam, args.nbest, args.min_len, args.max_len_a, args.max_len_b)
+    for flag, path in (("--spm", args.spm), ("--replace-unk", args.replace_unk), ("--shortlist", args.shortlist)):
+        if path is not None and not Path(path).is_file():
+            raise Convs2sError(f"{flag} {path}: no such file")
+
+
+def _chunk_size(args) -> int:
+    """--chunk-size, or by default 512 lines at a time; one at a time from a terminal, so that each
+    typed line is translated when it is entered."""
+    if args.chunk_size:
+        return args.chunk_size
+    return 1 if args.input in (None, "-") and sys.stdin.isatty() else 512
 
 
 def _load_for_translation(args):
@@ -138,7 +152,7 @@ def _run_translation(args, consume) -> int:
     align_dict = load_align_dict(args.replace_unk) if args.replace_unk else None
     bar = tqdm(unit="sent", desc=args.command, disable=not sys.stderr.isatty() and not args.progress)
     for tr in translate_lines(model, src_dict, tgt_dict, read_lines(args.input), tokenizer,
-                              chunk_size=args.chunk_size, align_dict=align_dict,
+                              chunk_size=_chunk_size(args), align_dict=align_dict,
                               need_alignment=getattr(args, "print_alignment", False), **gen_kwargs):
         if tr.note:
             print(f"warning: {tr.note}", file=sys.stderr)
@@ -152,6 +166,9 @@ def cmd_translate(args) -> int:
     from .translate import write_lines
 
     _check_translation_options(args)
+    if args.nbest > 1:  # its output is one line per input line
+        raise Convs2sError("translate writes one line per input line; for n-best lists use "
+                           "`convs2s generate --nbest N`")
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
         return _run_translation(
@@ -292,7 +309,8 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unkpen", type=float, default=0.0)
     p.add_argument("--replace-unk", metavar="DICT", help="replace <unk> using this word-pair dictionary")
     p.add_argument("--batch-size", type=_positive_int, default=128)
-    p.add_argument("--chunk-size", type=_positive_int, default=512, help="lines translated (and written) at a time")
+    p.add_argument("--chunk-size", type=_positive_int, default=None,
+                   help="lines translated (and written) at a time (default 512; 1 when typing into a terminal)")
     p.add_argument("--backend", default=None, help="kernel backend: auto, cpp, triton, reference")
     p.add_argument("--fold-attention", action="store_true",
                    help="precompute the attention projections per sentence (same output, faster steps)")

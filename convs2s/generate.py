@@ -27,7 +27,7 @@ from convs2s_kernels.reference import search_rules_ref
 
 from .errors import Convs2sError
 from .model import ConvS2SModel
-from .special_tokens import EOS, PAD, UNK
+from .special_tokens import BOS, EOS, PAD, UNK
 from .recorded_search import RecordedSearchStep
 from .step_graph import recorder_factory
 
@@ -49,6 +49,9 @@ def _check_sources(sources: Sequence[Sequence[int]], vocab_size: int, max_len: i
         bad = [t for t in ids if t < 0 or t >= vocab_size]
         if bad:
             raise GenerationError(f"source {i} has token ids outside the vocabulary [0, {vocab_size - 1}]: {bad[:5]}")
+        if any(t in (BOS, PAD, EOS) for t in ids):  # a PAD inside breaks the encoder; an EOS ends the source early
+            raise GenerationError(f"source {i} holds a special symbol's id ({BOS} <s>, {PAD} <pad> or {EOS} </s>) "
+                                  "inside the sentence; sources are words only (EOS is appended)")
         out.append(ids + [EOS])
     return out
 

@@ -16,7 +16,9 @@ from typing import Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
 from .dictionary import Dictionary
 from .errors import Convs2sError
 from .generate import generate
-from .special_tokens import UNK_SYMBOL
+from .special_tokens import BOS_SYMBOL, EOS_SYMBOL, PAD_SYMBOL, UNK, UNK_SYMBOL
+
+SPECIAL_WORDS = (BOS_SYMBOL, PAD_SYMBOL, EOS_SYMBOL)  # in input text: words, read as <unk>
 
 
 class InputError(Convs2sError):
@@ -128,8 +130,12 @@ def translate_lines(model, src_dict: Dictionary, tgt_dict: Dictionary, lines: It
             elif len(toks) > max_src:
                 notes[lineno] = f"line {lineno} has {len(toks)} tokens; truncated to the model's {max_src}"
                 toks[:] = toks[:max_src]
+            special = sorted({t for t in toks if t in SPECIAL_WORDS})
+            if special:  # as text they are words, not the model's padding or end of sentence
+                said = f"{', '.join(special)} read as {UNK_SYMBOL}"
+                notes[lineno] = f"{notes[lineno]}; {said}" if lineno in notes else f"line {lineno}: {said}"
             if toks:
-                todo.append(src_dict.encode(toks))
+                todo.append([UNK if t in SPECIAL_WORDS else i for t, i in zip(toks, src_dict.encode(toks))])
         results = iter(generate(model, todo, return_attention=need_attn, **gen_kwargs)) if todo else iter(())
         for lineno, text, toks in chunk:
             hyps = []

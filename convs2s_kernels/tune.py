@@ -115,7 +115,7 @@ def stream_mb(weight_bytes: int) -> int:
     return 1 << (mb - 1).bit_length()
 
 
-def _twin_stream_mb(shape: Shape, dtype: str) -> int:
+def twin_stream_mb(shape: Shape, dtype: str) -> int:
     """The stream of ``shape``'s twin in ``dtype``: the same weight set stored in ``dtype`` (an int8
     model streams a quarter of its float bytes), the size a decoder of that dtype asks for; 0 stays
     0 (timed hot)."""
@@ -510,7 +510,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if skipped:
                 print(f"--dtype {dtype}: not for {', '.join(skipped)} (int8 weights are stored (N, K): form nk)",
                       file=sys.stderr)
-            shapes += [Shape(s.form, dtype, s.K, s.N, _twin_stream_mb(s, dtype)) for s in fits]
+            shapes += [Shape(s.form, dtype, s.K, s.N, twin_stream_mb(s, dtype)) for s in fits]
     except ValueError as exc:
         p.error(str(exc))
     if not shapes:

@@ -134,6 +134,8 @@ def test_length_batches():
         (dict(), [[5, V_SRC + 3]], "outside the vocabulary"),
         (dict(), [list(range(4, 10)) * 200], "at most 1021"),
         (dict(batch_size=0), [[5]], "batch_size"),
+        (dict(), [[5, 1, 6]], "source 0 holds a special symbol's id"),  # a PAD inside
+        (dict(), [[5, 6], [7, 2, 8]], "source 1 holds a special symbol's id"),  # an EOS inside
     ],
 )
 def test_generate_bad_input(model, kwargs, srcs, match):

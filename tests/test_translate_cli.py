@@ -83,7 +83,7 @@ def test_bad_inputs_name_line_or_file(fixture_dir, tmp_path, capsys, monkeypatch
     assert len(out_file.read_text().splitlines()) == 1, "the line translated before the bad one is kept"
 
     rc = main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(bad), "--spm", str(tmp_path / "no.model")])
-    assert rc == 2 and "sentencepiece model not found" in capsys.readouterr().err
+    assert rc == 2 and f"--spm {tmp_path / 'no.model'}: no such file" in capsys.readouterr().err  # before loading
 
     rc = main(["translate", "--fairseq-checkpoint", str(tmp_path / "none.pt"), "--input", str(bad)])
     assert rc == 2 and "checkpoint not found" in capsys.readouterr().err
@@ -136,6 +136,46 @@ def test_bad_options_fail_before_loading(tmp_path, capsys):
 def test_an_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
     assert main(["translate", "--fairseq-checkpoint", str(tmp_path / "model.pt"), "--output", str(tmp_path)]) == 2
     assert "Is a directory" in one_line_error(capsys)
+
+
+def test_search_options_and_missing_files_fail_before_loading(tmp_path, capsys):
+    never = ["--fairseq-checkpoint", str(tmp_path / "never-read.pt")]
+    assert main(["generate", *never, "--beam", "5", "--nbest", "6"]) == 2
+    assert "need 1 <= nbest <= beam, got beam=5, nbest=6" in one_line_error(capsys)
+    for flag in ("--spm", "--replace-unk", "--shortlist"):
+        assert main(["translate", *never, flag, str(tmp_path / "missing")]) == 2
+        assert one_line_error(capsys) == f"error: {flag} {tmp_path / 'missing'}: no such file\n"
+    assert main(["translate", *never, "--nbest", "2"]) == 2
+    assert "for n-best lists use `convs2s generate --nbest N`" in one_line_error(capsys)
+
+
+def test_typed_lines_are_translated_one_at_a_time(monkeypatch):
+    from argparse import Namespace
+
+    from convs2s.cli import _chunk_size
+
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    assert _chunk_size(Namespace(chunk_size=None, input="-")) == 1
+    assert _chunk_size(Namespace(chunk_size=None, input="file.txt")) == 512
+    assert _chunk_size(Namespace(chunk_size=7, input="-")) == 7
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: False, raising=False)
+    assert _chunk_size(Namespace(chunk_size=None, input="-")) == 512
+
+
+def test_special_symbols_in_the_text_are_words(fixture_dir, tmp_path, capsys):
+    """<pad>, <s> and </s> typed in a line are read as <unk> (with a note), never as the model's
+    padding or end of sentence."""
+    line = fixture_lines(fixture_dir)[0].split()
+    src = tmp_path / "in.txt"
+    src.write_text(" ".join(line[:2] + ["<pad>", "</s>"] + line[2:]) + "\n" + " ".join(line) + "\n")
+    ckpt = str(fixture_dir / "checkpoint.pt")
+    assert main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(src), "--beam", "2", "--max-len-b", "5"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: line 1: </s>, <pad> read as <unk>" in captured.err and len(captured.out.splitlines()) == 2
+    model, src_dict, tgt_dict = convs2s.load_fairseq(ckpt)
+    ids = src_dict.encode(line[:2]) + [3, 3] + src_dict.encode(line[2:])
+    want = tgt_dict.string(convs2s.generate(model, [ids], beam=2, max_len_b=5)[0][0]["tokens"])
+    assert captured.out.splitlines()[0] == want
 
 
 def test_bad_options_leave_an_existing_output_alone(tmp_path, capsys):

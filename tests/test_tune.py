@@ -341,7 +341,7 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     int8 = [s.name for s in step_weight_shapes(model.decoder)]
     assert "nk:int8:768x512@2MB" in int8 and all(":int8:" in n for n in int8)  # a quarter of the bytes
     # what `tune --dtype int8` times for the float shapes is what this int8 decoder asks for
-    assert all(n.endswith(f"@{tune._twin_stream_mb(shapes[0], 'int8')}MB") for n in int8)
+    assert all(n.endswith(f"@{tune.twin_stream_mb(shapes[0], 'int8')}MB") for n in int8)
     asked = []
     monkeypatch.setattr("convs2s.decoder.ensure_kernel_choice", lambda s: asked.append([x.name for x in s]))
     with torch.no_grad():
