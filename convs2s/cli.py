@@ -142,6 +142,10 @@ def _run_translation(args, consume) -> int:
 
     from .translate import Tokenizer, load_align_dict, read_lines, translate_lines
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     model, src_dict, tgt_dict = _load_for_translation(args)
     gen_kwargs = _gen_kwargs(args)
     if args.shortlist:
@@ -339,6 +343,7 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                         "AVX2 CPUs without VNNI the packed kernel adds two products' pairs before widening them (see "
                         "the README for the quality cost; the encoder's stay 8-bit, where 7 bits cost 0.8 BLEU on "
                         "one model)")
+    p.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads (0: default)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
 
 

@@ -149,6 +149,16 @@ def test_search_options_and_missing_files_fail_before_loading(tmp_path, capsys):
     assert "for n-best lists use `convs2s generate --nbest N`" in one_line_error(capsys)
 
 
+def test_threads_sets_torch_threads(fixture_dir, tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
+    src = tmp_path / "in.txt"
+    src.write_text(fixture_lines(fixture_dir)[0] + "\n")
+    assert main(["translate", "--fairseq-checkpoint", str(fixture_dir / "checkpoint.pt"), "--input", str(src),
+                 "--output", str(tmp_path / "out.txt"), "--beam", "2", "--max-len-b", "3", "--threads", "1"]) == 0
+    assert asked == [1]
+
+
 def test_typed_lines_are_translated_one_at_a_time(monkeypatch):
     from argparse import Namespace
 
