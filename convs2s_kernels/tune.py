@@ -515,11 +515,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error(str(exc))
     if not shapes:
         p.error("no shapes: name some with --shapes (nothing is cached for this machine yet)")
-    if args.remeasure:
-        cached = tune_cache.load()
-        for s in dict.fromkeys(shapes):
-            cached.pop(s.name, None)
-        tune_cache.save(cached)
+    if args.remeasure:  # dropped from the file itself (save merges over what the file holds)
+        tune_cache.save({}, drop=[s.name for s in dict.fromkeys(shapes)])
         forget()
     entries = ensure(shapes, measure_missing=True)
     print(f"few-row kernels ({native().small_gemm_isa()}, {torch.get_num_threads()} threads) against the GEMM "

@@ -10,13 +10,14 @@ and replaced by the next measurement.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
 import os
 import warnings
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -85,15 +86,36 @@ def load(key: Optional[Dict[str, object]] = None, quiet: bool = False) -> Dict[s
     if data.get("key") != key:
         warnings.warn(f"ignoring the kernel-choice cache {path}: it was measured for another machine or build")
         return {}
-    return data["entries"]
+    good = {name: e for name, e in data["entries"].items() if _well_formed(e)}
+    if len(good) != len(data["entries"]):
+        bad = sorted(set(data["entries"]) - set(good))
+        warnings.warn(f"ignoring {len(bad)} malformed entries of the kernel-choice cache {path} ({bad[0]}, ...); "
+                      "they will be measured again")
+    return good
 
 
-def save(entries: Dict[str, dict], key: Optional[Dict[str, object]] = None) -> Path:
+def _well_formed(entry) -> bool:
+    """An entry the choice can be read from: timings {rows: [kernel us, GEMM us]}, rows and times numbers."""
+    try:
+        timings = entry["timings"]
+        return isinstance(timings, dict) and all(int(r) > 0 and len(t) == 2 and all(float(x) >= 0 for x in t)
+                                                 for r, t in timings.items())
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def save(entries: Dict[str, dict], key: Optional[Dict[str, object]] = None, drop: Iterable[str] = ()) -> Path:
     """Write the entries atomically (a run interrupted mid-write leaves the old file), merged over
-    what another process may have written since this one read the file."""
+    what another process may have written since this one read the file, less the names in ``drop``
+    (to be measured again). The read, merge and write hold a lock beside the file, so two processes
+    saving at once both keep their entries."""
     key = key or machine_key()
-    entries = {**load(key, quiet=True), **entries}
     path = cache_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(dict(key=key, entries=entries), indent=1, sort_keys=True))
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        merged = {**load(key, quiet=True), **entries}
+        for name in drop:
+            merged.pop(name, None)
+        atomic_write_text(path, json.dumps(dict(key=key, entries=merged), indent=1, sort_keys=True))
     return path

@@ -188,6 +188,46 @@ def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(fresh, monkeypatch, 
     assert json.loads(path.read_text())["key"] == tune_cache.machine_key()  # replaced by the new measurement
 
 
+def test_a_malformed_entry_is_dropped_with_a_warning_and_measured_again(fresh, monkeypatch):
+    calls = []
+    monkeypatch.setattr(tune, "measure", _fake_measure(calls))
+    good, bad = tune.Shape("nk", "float32", 8, 8), tune.Shape("nk", "float32", 8, 16)
+    tune.ensure([good, bad], measure_missing=True)
+    path = tune_cache.cache_path()
+    data = json.loads(path.read_text())
+    data["entries"][bad.name]["timings"] = {"1": [5]}  # one time where two belong
+    path.write_text(json.dumps(data))
+    tune.forget()
+    with pytest.warns(UserWarning, match=rf"ignoring 1 malformed entries .*\({bad.name}, ...\)"):
+        tune.ensure([good, bad], measure_missing=True)
+    assert calls == [good.name, bad.name, bad.name]
+
+
+def test_remeasure_measures_the_cached_shapes_again(fresh):
+    """`--remeasure` drops the shapes from the file itself: save merges over what the file holds."""
+    shape = tune.Shape("nk", "float32", 16, 24)
+    tune.ensure([shape], measure_missing=True)
+    path = tune_cache.cache_path()
+    data = json.loads(path.read_text())
+    data["entries"][shape.name]["timings"] = {r: [123456.0, 1.0] for r in data["entries"][shape.name]["timings"]}
+    path.write_text(json.dumps(data))  # a planted result no real measurement gives
+    assert tune.main(["--shapes", shape.name, "--remeasure"]) == 0
+    timings = json.loads(path.read_text())["entries"][shape.name]["timings"]
+    assert all(k < 123456.0 for k, _ in timings.values())
+
+
+def test_two_processes_saving_at_once_keep_both_entries(fresh):
+    code = ("import sys; from convs2s_kernels import tune_cache\n"
+            "for i in range(30): tune_cache.save({f'{sys.argv[1]}{i}': {'timings': {'1': [1.0, 2.0]}}})\n")
+    env = dict(__import__("os").environ, **{tune_cache.DIR_ENV: str(fresh)})
+    procs = [subprocess.Popen([sys.executable, "-c", code, name], env=env) for name in ("a", "b")]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    # read the one file they wrote (this process's key may differ: its thread count, set by other tests)
+    files = list(fresh.rglob("*.json"))
+    assert len(files) == 1
+    assert set(json.loads(files[0].read_text())["entries"]) == {f"{n}{i}" for n in "ab" for i in range(30)}
+
+
 def test_measuring_off_leaves_unmeasured_shapes_at_the_default(fresh, monkeypatch):
     monkeypatch.setenv(tune.ENV, "0")
     monkeypatch.setattr(tune, "measure", lambda shape: pytest.fail("measured with CONVS2S_TUNE=0"))
