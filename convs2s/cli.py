@@ -528,6 +528,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Convs2sError as exc:  # bad input, named in one line: never a traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # a backend named strictly (e.g. in CONVS2S_KERNELS_BACKEND) that cannot run an op
+        from convs2s_kernels.dispatch import BackendUnavailableError
+
+        if not isinstance(exc, BackendUnavailableError):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         # a missing input (the readers name it), or a path that can't be read or written; another OSError
         # (a socket, a full disk mid-run) is no input of the user's: its traceback shows where

@@ -49,19 +49,26 @@ def read_checkpoint(path: PathLike, trust_pickle: bool = False) -> Dict[str, Any
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    not_a_checkpoint = f"{path} is not a readable PyTorch checkpoint (corrupt or truncated, or another kind of file?)"
     if trust_pickle:
         warnings.warn(f"loading {path} with the full unpickler: a malicious file can run code", stacklevel=3)
-        return torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, IndexError, KeyError, ValueError) as exc:
+            raise CheckpointError(f"{not_a_checkpoint}: {str(exc).splitlines()[0]}") from None
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "global" not in str(exc).lower():  # not a disallowed class: not a pickle the loader understands
+            raise CheckpointError(f"{not_a_checkpoint}: {first}") from None
         raise CheckpointError(
-            f"{path} holds objects the safe loader does not allow ({str(exc).splitlines()[0]}). "
+            f"{path} holds objects the safe loader does not allow ({first}). "
             "If you trust the file, load it with trust_pickle=True (the CLI's --trust-pickle)."
         ) from None
-    except (RuntimeError, EOFError, OSError) as exc:
-        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint (corrupt or truncated?): {exc}") from None
+    except (RuntimeError, EOFError, OSError, IndexError, KeyError, ValueError) as exc:  # a text file: IndexError
+        raise CheckpointError(f"{not_a_checkpoint}: {exc}") from None
 
 
 def _as_dict(obj) -> Dict[str, Any]:
@@ -146,8 +153,11 @@ def _alternative_gain(state, key) -> bool:
 
 
 def model_from_checkpoint(ckpt: Dict[str, Any]) -> ConvS2SModel:
+    args = checkpoint_model_args(ckpt)  # first: a bare state dict is named as such, not a KeyError
+    if not isinstance(ckpt["model"], Mapping):
+        raise CheckpointError("not a fairseq checkpoint: its 'model' is not a state dict")
     state = {k: v for k, v in ckpt["model"].items() if not k.endswith(_IGNORED_SUFFIXES)}
-    cfg = config_from_args(checkpoint_model_args(ckpt), state)
+    cfg = config_from_args(args, state)
     for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
         if name not in state:
             raise CheckpointError(f"the state dict has no {name}: not an fconv checkpoint")

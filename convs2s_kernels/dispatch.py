@@ -174,7 +174,8 @@ def selected_backend_name(op: str, device: torch.device, backend: Optional[str],
     if len(choices) == 1 and choices[0] != "auto":
         why = reasons(choices[0], op, device, *args, **kwargs)
         if why:
-            raise BackendUnavailableError(f"backend {choices[0]!r} cannot run {op}: " + "; ".join(why))
+            source = "" if backend else f" (from {ENV_VAR}; a list such as '{choices[0]},reference' falls back)"
+            raise BackendUnavailableError(f"backend {choices[0]!r}{source} cannot run {op}: " + "; ".join(why))
         return choices[0]
     order: List[str] = []
     for c in choices:

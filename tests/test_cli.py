@@ -89,3 +89,17 @@ def test_vs_fairseq_refuses_a_json_path_without_a_folder_before_timing(tmp_path,
     assert rc == 2
     assert capsys.readouterr().err.splitlines() == [f"error: --json {tmp_path / 'no' / 'r.json'}: the folder "
                                                     f"{tmp_path / 'no'} does not exist"]
+
+
+def test_a_strict_backend_from_the_environment_that_cannot_run_is_one_line(checkpoint, tmp_path, capsys, monkeypatch):
+    """CONVS2S_KERNELS_BACKEND=triton on a CPU names one backend strictly: the op it cannot run is
+    said in one line (with how to fall back), not a traceback mid-run."""
+    monkeypatch.setenv("CONVS2S_KERNELS_BACKEND", "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    src = tmp_path / "src.txt"
+    src.write_text("w1 w2\n", encoding="utf-8")
+    rc = main(["translate", "--fairseq-checkpoint", str(checkpoint), "--input", str(src)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and len(err.splitlines()) == 1
+    assert err.startswith("error: backend 'triton' (from CONVS2S_KERNELS_BACKEND; a list such as 'triton,reference' "
+                          "falls back) cannot run ")

@@ -7,6 +7,8 @@ the state-dict description in shared/notes/fairseq_fconv.md section 3 (independe
 import argparse
 import json
 
+import warnings
+
 import pytest
 import torch
 
@@ -226,6 +228,28 @@ def test_corrupt_and_missing_files(tmp_path):
         convs2s.load_fairseq(path)
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         convs2s.load_fairseq(tmp_path / "nope.pt")
+
+
+@pytest.mark.parametrize("content", [b"the house 12\nis 9\n", b"<html><body>404</body></html>", b"\x80\x04K"],
+                         ids=["text", "html", "half-pickle"])
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_file_that_is_no_checkpoint_is_named_as_such(tmp_path, content, trust):
+    """A dictionary or an error page passed as the checkpoint: one clear error either way, never
+    a traceback, and no advice to trust it."""
+    path = tmp_path / "model.pt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match="is not a readable PyTorch checkpoint") as err:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            convs2s.load_fairseq(path, trust_pickle=trust)
+    assert "trust_pickle" not in str(err.value)
+
+
+def test_a_bare_state_dict_is_named_as_such(tmp_path):
+    path = small_checkpoint(tmp_path)
+    torch.save(torch.load(path, weights_only=False)["model"], path)  # torch.save(model.state_dict())
+    with pytest.raises(CheckpointError, match="not a fairseq checkpoint: expected a dict with a 'model' state dict"):
+        convs2s.load_fairseq(path)
 
 
 def test_dictionary_problems(tmp_path):
