@@ -349,6 +349,10 @@ def write_data_folder(out_dir: PathLike, src_lang: str, tgt_lang: str, src_dict:
     a folder with a meta.json is complete)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    (out / META).unlink(missing_ok=True)  # incomplete until the new one is written
+    for stale in out.glob(f"*.{src_lang}-{tgt_lang}.pt"):  # a split an earlier run wrote and this one does not
+        if stale.name[: -len(f".{src_lang}-{tgt_lang}.pt")] not in datasets:
+            stale.unlink()
     src_dict.save(out / f"dict.{src_lang}.txt")
     tgt_dict.save(out / f"dict.{tgt_lang}.txt")
     stats = {}
@@ -377,6 +381,7 @@ def prepare(out_dir: PathLike, src_lang: str, tgt_lang: str, train_prefix: PathL
         raise DataError(f"source and target languages must differ, got {src_lang!r} twice")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    (out / META).unlink(missing_ok=True)  # an interrupted re-run must not look complete (spm.model is rewritten)
     src_file, tgt_file = resolve_corpus_file(train_prefix, src_lang), resolve_corpus_file(train_prefix, tgt_lang)
     train, report = clean_pairs(read_parallel(src_file, tgt_file), max_len, max_ratio)
     log(f"train {src_file} / {tgt_file}: {report}")

@@ -198,7 +198,7 @@ class Trainer:
         self.folder: DataFolder = open_data_folder(cfg.data)
         self.train_set: TokenDataset = self.folder.load_split("train")
         self.valid_set: Optional[TokenDataset] = None
-        if self.folder.split_path("valid").is_file():
+        if "valid" in self.folder.meta.get("stats", {}):  # the splits this folder's preparation wrote
             self.valid_set = self.folder.load_split("valid")
         if len(self.train_set) == 0:
             raise DataError(f"{self.folder.split_path('train')} holds no examples")

@@ -227,6 +227,31 @@ def test_prepare_writes_a_fairseq_data_folder(tmp_path):
     assert not any(c.islower() for sym in folder.tgt_dict.symbols[NUM_SPECIALS:] for c in sym)
 
 
+def test_preparing_again_leaves_no_split_of_the_earlier_run(tmp_path, monkeypatch):
+    """A re-run without --valid removes the earlier run's validation split (its ids came from the
+    old dictionaries), and while a re-run works the folder does not look complete."""
+    src, tgt = synthetic_corpus(120)
+    write(tmp_path / "train.en", src)
+    write(tmp_path / "train.de", tgt)
+    write(tmp_path / "valid.en", src[:10])
+    write(tmp_path / "valid.de", tgt[:10])
+    quiet = dict(bpe_size=60, log=lambda *a: None)
+    folder = prepare(tmp_path / "bin", "en", "de", tmp_path / "train", tmp_path / "valid", **quiet)
+    assert folder.split_path("valid").is_file()
+    folder = prepare(tmp_path / "bin", "en", "de", tmp_path / "train", **quiet)
+    assert not folder.split_path("valid").exists() and "valid" not in folder.meta["stats"]
+    import convs2s.data as data
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data, "train_joint_bpe", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(tmp_path / "bin", "en", "de", tmp_path / "train", **quiet)
+    with pytest.raises(FileNotFoundError, match="data prepare"):
+        open_data_folder(tmp_path / "bin")
+
+
 def test_corrupt_dataset_file_is_reported(tmp_path):
     src, tgt = synthetic_corpus(100)
     write(tmp_path / "train.en", src)

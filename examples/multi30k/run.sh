@@ -19,6 +19,15 @@ if [ ! -f "$data/train.en.gz" ]; then
     python3 -m convs2s data multi30k --out "$data" --langs en,de
 fi
 mkdir -p "$work"
+# a work folder holds one direction: its data and checkpoints are reused (--resume), so never another's
+if [ -f "$work/bin/meta.json" ]; then
+    made=$(python3 -c "import json, sys; m = json.load(open(sys.argv[1])); print(m['src_lang'] + '-' + m['tgt_lang'])" \
+        "$work/bin/meta.json")
+    if [ "$made" != "$src-$tgt" ]; then
+        echo "error: $work holds a $made run, not $src-$tgt; give another WORK_DIR" >&2
+        exit 2
+    fi
+fi
 
 # Joint 8K sentencepiece BPE; Multi30k is clean, so no length-ratio filter (--max-ratio 0).
 [ -f "$work/bin/meta.json" ] || python3 -m convs2s data prepare --train "$data/train" --valid "$data/val" \
