@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from convs2s_kernels.tune import measuring as kernel_measuring
+
 from .atomic import append_line, atomic_torch_save, atomic_write_bytes
 from .data import DataError, DataFolder, TokenDataset, batch_by_tokens, collate, open_data_folder, perplexity
 from .errors import Convs2sError
@@ -355,14 +357,18 @@ class Trainer:
         batches = batch_by_tokens(self.valid_set.src_lengths, self.valid_set.tgt_lengths, self.cfg.max_tokens,
                                   max_sentences=self.cfg.max_sentences, shuffle=False)
         sums = torch.zeros(2, dtype=torch.float64)
+        with kernel_measuring(False):  # many-row products: no few-row kernel to time, on any rank
+            self._validation_sums(batches, sums)
+        all_reduce_sum(sums, self.info)
+        return float(sums[0] / sums[1])
+
+    def _validation_sums(self, batches, sums: torch.Tensor) -> None:
         for b in batches[self.info.rank::self.info.world_size]:
             batch = collate(self.valid_set, b).to(self.device)
             with self._autocast():
                 logits, _ = self.model(batch.src_tokens, None, batch.prev_output_tokens, need_attn=False)
             _, nll = label_smoothed_nll(logits, batch.target, 0.0)
             sums += torch.tensor([float(nll), batch.ntokens], dtype=torch.float64)
-        all_reduce_sum(sums, self.info)
-        return float(sums[0] / sums[1])
 
     # --- the loop ----------------------------------------------------------------------------
     def _write_log(self, record: dict) -> None:

@@ -39,6 +39,7 @@ prints the table::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -402,8 +403,26 @@ def parse_shape(name: str) -> Shape:
     return Shape(form, dtype, K, N, mb)
 
 
+_measuring: Optional[bool] = None  # set by measuring(): overrides CONVS2S_TUNE while in force
+
+
 def tuning_enabled() -> bool:
+    if _measuring is not None:
+        return _measuring
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+@contextlib.contextmanager
+def measuring(enabled: bool):
+    """Within it, missing shapes are measured (or, ``False``, left at the default) whatever
+    CONVS2S_TUNE says: e.g. a trainer's validation, whose many-row products never take the few-row
+    kernels and whose processes would all time kernels at once on shared cores."""
+    global _measuring
+    before, _measuring = _measuring, enabled
+    try:
+        yield
+    finally:
+        _measuring = before
 
 
 def ensure(shapes: Iterable[Shape], *, measure_missing: Optional[bool] = None) -> Dict[str, dict]:

@@ -269,6 +269,28 @@ def test_a_validation_example_too_long_is_refused_before_training(tmp_path):
         Trainer(tiny_config(str(tmp_path / "bin"), tmp_path / "b", max_tokens=30), **QUIET)
 
 
+def test_validation_times_no_kernels(copy_data, tmp_path, monkeypatch):
+    """Validation's many-row products never take the few-row kernels: measuring their choice there
+    would stall training (on every rank at once), so it is off whatever CONVS2S_TUNE says."""
+    from convs2s_kernels import tune, tune_cache
+    from harness import require_or_skip
+
+    require_or_skip("cpp")
+    monkeypatch.setenv(tune.ENV, "1")
+    monkeypatch.setenv(tune_cache.DIR_ENV, str(tmp_path / "cache"))
+    timed = []
+    monkeypatch.setattr(tune, "measure", lambda shape: timed.append(shape.name) or pytest.fail("timed"))
+    trainer = Trainer(tiny_config(copy_data, tmp_path), **QUIET)
+    tune.forget()
+    try:
+        assert math.isfinite(trainer.validate()) and timed == []
+        with tune.measuring(True), torch.no_grad(), pytest.raises(pytest.fail.Exception):  # measuring on
+            trainer._validation_sums([[0]], torch.zeros(2, dtype=torch.float64))
+        assert timed
+    finally:
+        tune.forget()
+
+
 # --- several processes -------------------------------------------------------------------
 def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(copy_data, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
