@@ -16,6 +16,7 @@ if SMOKE:  # the smoke run times nothing: no kernel-choice measuring either (sha
 
 import convs2s_kernels as ck  # noqa: E402
 from convs2s_kernels.env import machine_description  # noqa: E402
+from convs2s_kernels.testing import REQUIRE_ENV, required_backends  # noqa: E402
 
 from convs2s_bench.roofline import measure_peaks  # noqa: E402
 
@@ -66,18 +67,14 @@ def peaks(request, device):
                          w7a7=cpu)
 
 
-def _required_backends():
-    return {n.strip() for n in os.environ.get("CONVS2S_REQUIRE_BACKENDS", "").split(",") if n.strip()}
-
-
 @pytest.fixture
 def runnable():
     """Skip a case its backend cannot run (with the reasons), but fail it when the backend is
     missing altogether and ``CONVS2S_REQUIRE_BACKENDS`` names it (CI: a broken build goes red)."""
     def check(backend, op, *args, **kwargs):
         missing = ck.available_backends().get(backend)
-        if missing is not None and backend in _required_backends():
-            pytest.fail(f"the {backend} backend is required (CONVS2S_REQUIRE_BACKENDS) but unavailable: {missing}")
+        if missing is not None and backend in required_backends():
+            pytest.fail(f"the {backend} backend is required ({REQUIRE_ENV}) but unavailable: {missing}")
         why = ck.backend_reasons(backend, op, args[0].device, *args, **kwargs)
         if why:
             pytest.skip(f"{backend} cannot run {op} here: {'; '.join(why)}")

@@ -116,9 +116,9 @@ def _chunk_size(args) -> int:
 
 
 def _load_for_translation(args):
+    """The model, its options checked by the command first (_check_translation_options)."""
     import convs2s
 
-    _check_translation_options(args)
     model, src_dict, tgt_dict = convs2s.load_fairseq(args.fairseq_checkpoint, args.fairseq_dicts,
                                                       trust_pickle=args.trust_pickle)
     model.use_backend(args.backend)
@@ -187,6 +187,7 @@ def cmd_generate(args) -> int:
 
     from .translate import format_fairseq_lines, read_lines, write_lines
 
+    _check_translation_options(args)
     refs = None
     if args.reference:
         refs = [text for _, text in read_lines(args.reference)]

@@ -176,6 +176,13 @@ def batch_seed(seed: int, epoch: int, index: int) -> int:
     return ((seed * 1_000_003 + epoch) * 1_000_003 + index) % (2 ** 63)
 
 
+def _refuse_too_long(dataset: TokenDataset, what: str, max_pos: int) -> None:
+    too_long = int((torch.maximum(dataset.src_lengths, dataset.tgt_lengths) > max_pos).sum())
+    if too_long:
+        raise DataError(f"{too_long} {what} examples exceed the model's {max_pos} positions; "
+                        "prepare the data with a smaller --max-len")
+
+
 # --- checkpoints ---------------------------------------------------------------------------------
 @dataclass
 class Progress:
@@ -209,19 +216,13 @@ class Trainer:
                                                **cfg.model_overrides).to(self.device)
         self.model.use_backend(cfg.backend)
         max_pos = min(self.model.max_positions())
-        too_long = int((torch.maximum(self.train_set.src_lengths, self.train_set.tgt_lengths) > max_pos).sum())
-        if too_long:
-            raise DataError(f"{too_long} training examples exceed the model's {max_pos} positions; "
-                            "prepare the data with a smaller --max-len")
+        _refuse_too_long(self.train_set, "training", max_pos)
+        self.valid_batches: List[List[int]] = []
         if self.valid_set is not None:  # checked now, not when the first epoch ends and validates
-            longest = torch.maximum(self.valid_set.src_lengths, self.valid_set.tgt_lengths)
-            too_long = int((longest > max_pos).sum())
-            if too_long:
-                raise DataError(f"{too_long} validation examples exceed the model's {max_pos} positions; "
-                                "prepare the data with a smaller --max-len")
-            try:
-                batch_by_tokens(self.valid_set.src_lengths, self.valid_set.tgt_lengths, cfg.max_tokens,
-                                max_sentences=cfg.max_sentences, shuffle=False)
+            _refuse_too_long(self.valid_set, "validation", max_pos)
+            try:  # the same batches every validation
+                self.valid_batches = batch_by_tokens(self.valid_set.src_lengths, self.valid_set.tgt_lengths,
+                                                     cfg.max_tokens, max_sentences=cfg.max_sentences, shuffle=False)
             except DataError as exc:
                 raise DataError(f"validation set: {exc}") from None
         # NAG: torch's Nesterov SGD equals fairseq's NAG, lr changes included (notes, section 5.1).
@@ -354,11 +355,9 @@ class Trainer:
         if self.valid_set is None:
             return None
         self.model.eval()
-        batches = batch_by_tokens(self.valid_set.src_lengths, self.valid_set.tgt_lengths, self.cfg.max_tokens,
-                                  max_sentences=self.cfg.max_sentences, shuffle=False)
         sums = torch.zeros(2, dtype=torch.float64)
         with kernel_measuring(False):  # many-row products: no few-row kernel to time, on any rank
-            self._validation_sums(batches, sums)
+            self._validation_sums(self.valid_batches, sums)
         all_reduce_sum(sums, self.info)
         return float(sums[0] / sums[1])
 

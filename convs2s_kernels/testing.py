@@ -6,9 +6,24 @@ weights ~ 1/sqrt(fan-in)), so these absolute tolerances are meaningful.
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+import os
+from typing import Dict, List, Tuple
 
 import torch
+
+REQUIRE_ENV = "CONVS2S_REQUIRE_BACKENDS"
+
+
+def required_backends() -> List[str]:
+    """The backends ``CONVS2S_REQUIRE_BACKENDS`` (comma-separated) says must run here: a suite
+    fails, instead of skipping, a case whose backend among them is missing (CI sets cpp,triton)."""
+    from .dispatch import available_backends
+
+    names = [n.strip() for n in os.environ.get(REQUIRE_ENV, "").split(",") if n.strip()]
+    unknown = sorted(set(names) - set(available_backends()))
+    if unknown:
+        raise ValueError(f"{REQUIRE_ENV} names unknown backends {unknown}; choose from {sorted(available_backends())}")
+    return names
 
 # TOLERANCES[op][dtype] = (atol, rtol) for forward outputs against the reference in that dtype.
 TOLERANCES: Dict[str, Dict[torch.dtype, Tuple[float, float]]] = {

@@ -538,10 +538,13 @@ def _percent_of_peak(row: dict) -> str:
     return "-" if fraction is None else f"{100 * fraction:.0f}%"
 
 
+def _row_name(row: dict) -> str:
+    return f"{row['backend']} {row['decoder']} {row['dtype']} beam {row['beam']}"
+
+
 def accounting_errors(result: dict) -> List[str]:
     """The rows whose rate came out above the machine's measured peak (a miscount, never a result)."""
-    return [f"{r['backend']} {r['decoder']} {r['dtype']} beam {r['beam']}" for r in result["rows"]
-            if r.get("accounting_error")]
+    return [_row_name(r) for r in result["rows"] if r.get("accounting_error")]
 
 
 def format_table(result: dict) -> str:
@@ -568,14 +571,14 @@ def format_table(result: dict) -> str:
     if wrong:
         lines.append("")
     for r in wrong:
-        lines.append(f"! {r['backend']} {r['decoder']} {r['dtype']} beam {r['beam']}: {r['accounting_error']}.")
+        lines.append(f"! {_row_name(r)}: {r['accounting_error']}.")
     starred = [r for r in rows if r["fell_back"]]
     if starred:
         lines.append("")
     for r in starred:
         ran = "; ".join(f"{op}: " + ", ".join(f"{b} {n:,}" for b, n in per.items())
                         for op, per in r["dispatches"].items() if op in r["fell_back"])
-        lines.append(f"\\* {r['backend']} {r['decoder']} {r['dtype']} beam {r['beam']}: some calls ran on another "
+        lines.append(f"\\* {_row_name(r)}: some calls ran on another "
                      f"backend (calls per op in one repeat): {ran}.")
     lines += ["", "The paper's Table 3 (newstest2012+2013, 6003 sentences, trained model)"
               + ("" if setup.get("newstest") else f"; not the set timed above ({setup['source']})") + ":", "",

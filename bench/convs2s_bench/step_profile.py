@@ -146,7 +146,7 @@ def paired_bounds(rec: dict) -> Optional[dict]:
     limits, times = rec.get("limits", []), rec.get("step_times", [])
     if not limits or not times:
         return None
-    around = [_better(limits[i], limits[min(i + 1, len(limits) - 1)]) for i in range(min(len(times), len(limits)))]
+    around = [_better(before, after) for before, after in zip(limits, limits[1:])]  # step i: samples i, i + 1
     pairs = [(t, max(rec["bytes"] / copy / 1e9, rec["flops"] / compute / 1e9 if compute else 0.0))
              for t, (copy, compute) in zip(times, around)]
     ratios = [t / b for t, b in pairs]
@@ -171,10 +171,6 @@ def _bound_ms(row: dict, copy_gbps: float, compute: float) -> float:
     return max(row["bytes"] / copy_gbps / 1e6, row["flops"] / compute / 1e6)
 
 
-def _seen(row: dict) -> float:
-    return row.get("seen", sum(row["ops_ms"].values()) / (row.get("profiled_step_s", row["step_s"]) * 1e3))
-
-
 def miscounts(result: dict) -> List[str]:
     """What in the profile cannot be a measurement: a median step below the bound of the best limits
     measured in its run (the bytes or FLOPs are miscounted), or ops longer than the steps they ran in."""
@@ -185,8 +181,8 @@ def miscounts(result: dict) -> List[str]:
         if step_ms < bound_ms:
             out.append(f"{r['rows']} rows: the median step ({step_ms:.2f} ms) beat the bound of the best limits "
                        f"measured in the run ({bound_ms:.2f} ms): the bytes or FLOPs are miscounted")
-        if _seen(r) > 1.0:
-            out.append(f"{r['rows']} rows: the stepping thread's ops took {100 * _seen(r):.0f}% of the profiled "
+        if r["seen"] > 1.0:
+            out.append(f"{r['rows']} rows: the stepping thread's ops took {100 * r['seen']:.0f}% of the profiled "
                        "steps' wall time: their times are miscounted")
     return out
 
@@ -224,8 +220,7 @@ def format_profile(result: dict, top: int = 8) -> str:
     for r in result["rows"]:
         step_ms = r["step_s"] * 1e3
         bound_ms = _bound_ms(r, best_copy, best_compute)
-        profiled_ms = r.get("profiled_step_s", r["step_s"]) * 1e3
-        seen = _seen(r)
+        profiled_ms = r["profiled_step_s"] * 1e3
         ranked = sorted(r["ops_ms"].items(), key=lambda kv: -kv[1])[:top]
         ops = "; ".join(f"{k} {v:.2f} ({100 * v / profiled_ms:.0f}%)" for k, v in ranked)
         paired = paired_bounds(r)
@@ -236,7 +231,7 @@ def format_profile(result: dict, top: int = 8) -> str:
                          "samples beside them (those samples under-measured the machine for a moment).")
         lines.append(f"| {r['rows']} | {step_ms:.2f} ({r['step_range'][0] * 1e3:.2f}-{r['step_range'][1] * 1e3:.2f}) | "
                      f"{bound_ms:.2f} | {step_ms / bound_ms:.2f}x | {paired_cells} | "
-                     f"{100 * seen:.0f}% | {ops} |")
+                     f"{100 * r['seen']:.0f}% | {ops} |")
     return "\n".join(lines + ([""] + notes if notes else []))
 
 

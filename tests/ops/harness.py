@@ -13,29 +13,18 @@ forgets to write fails the comparison.
 from __future__ import annotations
 
 import math
-import os
-from typing import List
 
 import pytest
 import torch
 
 import convs2s_kernels as ck
+from convs2s_kernels.testing import REQUIRE_ENV, required_backends  # noqa: F401  (the tests import them from here)
 
-REQUIRE_ENV = "CONVS2S_REQUIRE_BACKENDS"
 FAST_BACKENDS = ["cpp", "triton"]
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 # Gradients: L2 error relative to the reference gradient's norm, floored at 1 so that a zero
 # reference gradient (one source step: the softmax is constant) demands an absolute error.
 GRAD_RTOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-
-
-def required_backends() -> List[str]:
-    """The backends ``CONVS2S_REQUIRE_BACKENDS`` (comma-separated) says must run here."""
-    names = [n.strip() for n in os.environ.get(REQUIRE_ENV, "").split(",") if n.strip()]
-    unknown = sorted(set(names) - set(ck.available_backends()))
-    if unknown:
-        raise ValueError(f"{REQUIRE_ENV} names unknown backends {unknown}; choose from {sorted(ck.available_backends())}")
-    return names
 
 
 def require_or_skip(backend: str) -> None:
