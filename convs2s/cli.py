@@ -13,6 +13,7 @@ Commands:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -90,11 +91,9 @@ def _check_translation_options(args) -> None:
     if args.fairseq_checkpoint is None:
         raise Convs2sError("give a model with --fairseq-checkpoint PATH (and --fairseq-dicts DIR if the "
                            "dictionaries are not beside it)")
-    if args.int7_weights and not args.int7:
-        raise Convs2sError("--int7-weights goes with --int7 (7-bit activations): only that pair multiplies faster")
-    if args.int8_encoder and not (args.int8 or args.int7):
-        raise Convs2sError("--int8-encoder quantises the encoder alike: give it with --int8 or --int7 (with "
-                           "float activations its many-row products would turn every weight back into float32 per call)")
+    from .compute_type import candidates_for
+
+    candidates_for(args.compute_type)  # an unknown compute type, named
     try:
         ck.requested_backends(args.backend)
     except ValueError as exc:
@@ -122,11 +121,13 @@ def _load_for_translation(args):
     model, src_dict, tgt_dict = convs2s.load_fairseq(args.fairseq_checkpoint, args.fairseq_dicts,
                                                       trust_pickle=args.trust_pickle)
     model.use_backend(args.backend)
-    if args.int8 or args.int8_weights_only or args.int7:
-        activations = "float" if args.int8_weights_only else "int7" if args.int7 else "int8"
-        model.quantize_decoder_int8(activations=activations, weight_bits=7 if args.int7_weights else 8)
-        if args.int8_encoder:
-            model.quantize_encoder_int8(activations=activations)
+    from .compute_type import DECODE_ENV, apply_variant, choose_decoding
+
+    choice = choose_decoding(model, args.compute_type, beam=args.beam, fold_attention=args.fold_attention,
+                             remeasure=args.remeasure)
+    if choice.seconds or choice.why.startswith(DECODE_ENV):  # a measured (or cached) choice, or the override
+        print(f"compute type: {choice.name} ({choice.why}{'; cached' if choice.cached else ''})", file=sys.stderr)
+    apply_variant(model, choice.name)
     return model, src_dict, tgt_dict
 
 
@@ -224,6 +225,18 @@ def cmd_data_multi30k(args) -> int:
     return 0
 
 
+def cmd_average_checkpoints(args) -> int:
+    from .average import last_epoch_checkpoints, write_average
+
+    if bool(args.inputs) == bool(args.folder):
+        raise Convs2sError("give the checkpoints to average (--inputs A B ...) or a folder (--folder DIR with "
+                           "--num-epoch-checkpoints N), not both")
+    paths = args.inputs or last_epoch_checkpoints(args.folder, args.num_epoch_checkpoints)
+    out = write_average(paths, args.output, trust_pickle=args.trust_pickle)
+    print(f"{out}: the mean of {len(paths)} checkpoints ({', '.join(Path(p).name for p in paths)})")
+    return 0
+
+
 def _model_option(text: str):
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -250,18 +263,31 @@ def train_config_from_args(args):
         max_sentences=args.max_sentences, update_freq=args.update_freq, max_epoch=args.max_epoch,
         max_update=args.max_update, max_time_minutes=args.max_time, validate_interval_updates=args.validate_interval,
         save_interval_updates=args.save_interval, snapshot_minutes=args.snapshot_minutes or [],
-        log_interval=args.log_interval, seed=args.seed, bf16=_bf16_autocast(args.precision), threads=args.threads,
+        keep_last_epochs=args.keep_last_epochs,
+        log_interval=args.log_interval, seed=args.seed, bf16=args.precision == "bf16", threads=args.threads,
         backend=args.backend,
     )
 
 
-def _bf16_autocast(precision: str) -> bool:
-    """bf16 autocast for ``--precision`` on the device training will use, saying why on stderr."""
+def _train_precision(args, cfg) -> bool:
+    """bf16 autocast for ``--precision`` on the device training will use (``auto``: measured on a
+    conv+GLU layer of the architecture at the batch's shape, or the cached answer), saying why on
+    stderr. Several processes never measure at once on shared cores: they read the cache, else fp32."""
     import torch
 
+    from .architectures import get_config
     from .train import bf16_autocast
 
-    bf16, why = bf16_autocast(precision, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.threads:
+        torch.set_num_threads(args.threads)  # measured with the threads training will use
+    model_cfg = get_config(cfg.arch, **cfg.model_overrides)
+    channels, kernel = max(model_cfg.decoder_layers, key=model_cfg.decoder_layers.count)[:2]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from convs2s_kernels.tune import measuring
+
+    with measuring(int(os.environ.get("WORLD_SIZE", "1")) == 1):
+        bf16, why = bf16_autocast(args.precision, device, channels=channels, kernel=kernel, tokens=cfg.max_tokens,
+                                  backend=cfg.backend, remeasure=args.remeasure)
     print(f"precision: {why}", file=sys.stderr)
     return bf16
 
@@ -279,6 +305,7 @@ def cmd_train(args) -> int:
     except (TypeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    cfg.bf16 = _train_precision(args, cfg)
     info = init_distributed()
     try:
         trainer = Trainer(cfg, info)
@@ -326,24 +353,12 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                         "words ('src tgt1 tgt2 ...' per line) plus the --shortlist-top most frequent")
     p.add_argument("--shortlist-top", type=_non_negative(int), default=100,
                    help="most frequent target words always scored with --shortlist (default 100)")
-    int8 = p.add_mutually_exclusive_group()
-    int8.add_argument("--int8", action="store_true",
-                      help="decode with int8 decoder weights and activations (integer dot products): a quarter of "
-                           "the weight bytes per step, a small translation-quality cost (see the README)")
-    int8.add_argument("--int8-weights-only", action="store_true",
-                      help="decode with int8 decoder weights but float32 activations and sums")
-    int8.add_argument("--int7", action="store_true",
-                      help="as --int8 with the activations quantised to 7 bits: on AVX2 CPUs without VNNI the "
-                           "packed int8 kernel needs fewer instructions per product, at a further small quality "
-                           "cost (see the README)")
-    p.add_argument("--int8-encoder", action="store_true",
-                   help="with --int8 or --int7: the encoder's weights and activations alike, not only the "
-                        "decoder's")
-    p.add_argument("--int7-weights", action="store_true",
-                   help="with --int7: the decoder's weights quantised to 7 bits too ([-63, 63], twice as coarse): on "
-                        "AVX2 CPUs without VNNI the packed kernel adds two products' pairs before widening them (see "
-                        "the README for the quality cost; the encoder's stay 8-bit, where 7 bits cost 0.8 BLEU on "
-                        "one model)")
+    p.add_argument("--compute-type", default="auto", metavar="TYPE",
+                   help="auto (default): the faster of fp32 and bf16 on this machine for this model, measured once "
+                        "and cached; fp32; bf16; int8: the fastest int8 variant, measured likewise (a small "
+                        "translation-quality cost; experts may name one: int8, int8w, int7, w7a7, int8e, int7e, "
+                        "w7a7e). CONVS2S_COMPUTE_TYPE overrides auto")
+    p.add_argument("--remeasure", action="store_true", help="measure --compute-type auto/int8's choice again")
     p.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads (0: default)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
 
@@ -380,12 +395,14 @@ def _add_speed_table_parser(bsub) -> None:
     st.add_argument("--no-cuda-graph", action="store_true",
                     help="on CUDA, decode every step eagerly instead of replaying it as a CUDA graph")
     st.add_argument("--dtype", type=_name_list, default=None,
-                    help="fp32, bf16, int8 (int8 decoder weights and activations), int8w (int8 decoder weights, "
+                    help="auto (fp32 or bf16, whichever was measured faster here for this model), "
+                         "fp32, bf16, int8 (int8 decoder weights and activations), int8w (int8 decoder weights, "
                          "fp32 activations), int7 (int8 decoder weights, 7-bit activations), w7a7 (7-bit decoder weights "
                          "and activations), comma-separated")
     st.add_argument("--decoders", type=_name_list, default=None,
                     help="plain and/or folded (attention projections precomputed per sentence; exact)")
     st.add_argument("--repeats", type=_positive_int, default=3, help="timings per row (median and range)")
+    st.add_argument("--remeasure", action="store_true", help="measure the auto dtype's choice again")
     st.add_argument("--batch-size", type=_positive_int, default=128)
     st.add_argument("--vocab", type=_positive_int, default=40000, help="vocabulary size for random weights")
     st.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads (0: default)")
@@ -492,11 +509,15 @@ def _add_train_parser(sub) -> None:
                     help="also write checkpoint_last.pt every N updates")
     train_p.add_argument("--snapshot-minutes", type=lambda t: [float(v) for v in t.split(",") if v], default=None,
                     help="keep checkpoint_<m>min.pt at these minutes of training, e.g. 30,60")
+    train_p.add_argument("--keep-last-epochs", type=_non_negative(int), default=0,
+                    help="keep checkpoint<epoch>.pt for the last N epochs (to average them; 0: none)")
     train_p.add_argument("--log-interval", type=_positive_int, default=50, help="updates per train_log.jsonl record")
     train_p.add_argument("--seed", type=int, default=1)
     train_p.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
-                         help="auto: bf16 autocast where its dot products are native (GPUs, CPUs with "
-                              "AMX-BF16/AVX512-BF16), else fp32")
+                         help="auto: bf16 autocast where a conv+GLU layer's forward+backward was measured faster "
+                              "in it than in fp32 on this machine (measured once, cached; CONVS2S_PRECISION "
+                              "overrides it)")
+    train_p.add_argument("--remeasure", action="store_true", help="measure --precision auto's choice again")
     train_p.add_argument("--bf16", dest="precision", action="store_const", const="bf16",
                          help="same as --precision bf16")
     train_p.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads (0: default)")
@@ -513,6 +534,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_translation_parsers(sub)
     _add_data_parser(sub)
     _add_train_parser(sub)
+    avg = sub.add_parser("average-checkpoints", help="average the parameters of a run's last checkpoints")
+    avg.add_argument("--inputs", nargs="+", help="checkpoints to average")
+    avg.add_argument("--folder", help="a save folder: average its last --num-epoch-checkpoints checkpoint<N>.pt")
+    avg.add_argument("--num-epoch-checkpoints", type=_positive_int, default=10)
+    avg.add_argument("--output", required=True, help="where to write the averaged checkpoint")
+    avg.add_argument("--trust-pickle", action="store_true", help="load with the full unpickler")
+    avg.set_defaults(func=cmd_average_checkpoints)
     return parser
 
 

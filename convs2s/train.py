@@ -75,28 +75,27 @@ class StopReason:
         return self.kind in (StopKind.MAX_UPDATE, StopKind.MAX_TIME, StopKind.SIGNAL)
 
 
-def bf16_autocast(precision: str, device: torch.device) -> Tuple[bool, str]:
+def bf16_autocast(precision: str, device: torch.device, *, channels: int = 256, kernel: int = 3,
+                  tokens: int = 4000, backend: Optional[str] = None, remeasure: bool = False,
+                  measure=None) -> Tuple[bool, str]:
     """Whether to train under bf16 autocast for ``precision`` (fp32 | bf16 | auto) on ``device``,
-    and why. ``auto`` takes bf16 only where its dot products are native (a GPU that supports bf16;
-    a CPU with AMX-BF16 or AVX512-BF16, not capped by ONEDNN_MAX_CPU_ISA): elsewhere bf16 is
-    emulated and far slower than fp32 (~30x measured on an AVX2-only CPU)."""
-    if precision not in ("fp32", "bf16", "auto"):
-        raise Convs2sError(f"precision must be fp32, bf16 or auto, got {precision!r}")
-    if device.type == "cuda":
-        native = "this GPU" if torch.cuda.is_bf16_supported() else None
-    else:
+    and why. ``auto`` takes bf16 only where a conv+GLU layer's forward and backward (``channels``
+    wide, width ``kernel``, a batch of ``tokens``) was measured faster under bf16 autocast than in
+    fp32 on this machine (:func:`convs2s.compute_type.choose_training`, cached per machine)."""
+    from .compute_type import choose_training
+
+    choice = choose_training(precision, device, channels=channels, kernel=kernel, tokens=tokens, backend=backend,
+                             remeasure=remeasure, measure=measure)
+    if choice.name == "fp32":
+        return False, "fp32" if precision == "fp32" else f"fp32 (--precision {precision}: {choice.why})"
+    why = f"bf16 autocast (--precision {precision}: {choice.why})" if precision != "bf16" else "bf16 autocast"
+    if device.type == "cpu" and precision == "bf16":
         from convs2s_kernels.env import native_bf16
 
-        native = native_bf16()
-    if precision == "fp32":
-        return False, "fp32"
-    if precision == "bf16":
-        if native:
-            return True, f"bf16 autocast ({native})"
-        return True, ("bf16 autocast WITHOUT native bf16 dot products on this CPU (no AMX-BF16/AVX512-BF16, "
-                      "or ONEDNN_MAX_CPU_ISA caps them): expect it far slower than fp32; --precision auto avoids it")
-    return (True, f"bf16 autocast ({native}, --precision auto)") if native else \
-        (False, "fp32 (--precision auto: bf16 is not native here)")
+        if not native_bf16():
+            why += (" WITHOUT native bf16 dot products on this CPU (no AMX-BF16/AVX512-BF16, or ONEDNN_MAX_CPU_ISA "
+                    "caps them): expect it slower than fp32; --precision auto measures")
+    return True, why
 
 
 @dataclass
@@ -121,6 +120,7 @@ class TrainConfig:
     validate_interval_updates: int = 0  # 0: once per epoch
     save_interval_updates: int = 0  # extra checkpoint_last writes between validations
     snapshot_minutes: List[float] = field(default_factory=list)  # keep checkpoint_<m>min.pt copies
+    keep_last_epochs: int = 0  # keep checkpoint<epoch>.pt for the last N epochs (for average-checkpoints)
     log_interval: int = 50
     seed: int = 1
     bf16: bool = False
@@ -397,6 +397,17 @@ class Trainer:
         else:
             self.save("checkpoint_last.pt")
 
+    def _keep_epoch_checkpoint(self) -> None:
+        """fairseq's --keep-last-epochs: checkpoint<epoch>.pt for the epoch just finished, the
+        oldest beyond the last N removed (only those this run's numbering wrote)."""
+        done = self.progress.epoch - 1
+        self.save(f"checkpoint{done}.pt")
+        if self.info.is_main:
+            for old in self.save_dir.glob("checkpoint*.pt"):
+                stem = old.stem[len("checkpoint"):]
+                if stem.isdigit() and int(stem) <= done - self.cfg.keep_last_epochs:
+                    old.unlink(missing_ok=True)
+
     def _install_signal_handlers(self):
         """SIGINT, SIGTERM and SIGHUP (a closed terminal) stop after the update, with a checkpoint; a
         second one stops now (KeyboardInterrupt), e.g. during a long validation."""
@@ -533,6 +544,8 @@ class Trainer:
             p.next_group = 0
             if not self.cfg.validate_interval_updates:
                 self._after_validation(self.validate(), p.epoch - 1)
+            if self.cfg.keep_last_epochs:
+                self._keep_epoch_checkpoint()
             reason = self._done() or reason
         return reason
 

@@ -92,7 +92,11 @@ def test_default_estimates_the_full_set_from_a_sample(tmp_path, capsys):
     result = json.loads(out_json.read_text())
     assert "partial" not in result and result["setup"]["mode"] == "estimate" and result["setup"]["batches"] == 119
     configs = {(r["backend"], r["decoder"], r["dtype"]) for r in result["rows"]}
-    assert ("reference", "plain", "fp32") in configs and len(configs) in (1, 2)
+    assert ("reference", "plain", "fp32") in configs and len(configs) == 2
+    chosen = [r for r in result["rows"] if r["auto"]]
+    assert {r["beam"] for r in chosen} == {1, 5} and all(r["decoder"] == "folded" for r in chosen)
+    (name, choice), = result["setup"]["auto"].items()
+    assert choice["choice"] == chosen[0]["dtype"] and f"(auto) {name}: chosen among fp32 and bf16" in out
     for r in result["rows"]:
         assert r["method"] == "estimate" and r["sentences"] == 6003 and r["repeats"] == 2
         assert len(r["seconds_per_repeat"]) == 2 and r["seconds_min"] <= r["seconds"] <= r["seconds_max"]
@@ -317,3 +321,61 @@ def test_speed_table_times_w7a7_rows(tmp_path, capsys):
     result = json.loads((tmp_path / "t.json").read_text())
     assert [(r["backend"], r["dtype"]) for r in result["rows"]] == [("cpp", "w7a7")]
     assert result["machine"]["gemm_gflops_w7a7"] > 0  # the row's peak, measured in the run
+
+
+def test_auto_is_resolved_on_the_model_by_the_measured_choice():
+    """The default row's dtype is what the measured choice says, never a flag: a faked choice of
+    bf16 gives a bf16 row, of fp32 an fp32 row; rows asked for by name are left alone."""
+    from convs2s.compute_type import Choice
+    from convs2s_bench.speed_table import resolve_auto
+    from convs2s_bench.workload import REFERENCE, Config
+
+    model = convs2s.build_model("fconv_iwslt_de_en", 64, 64).eval()
+    asked = []
+    for name in ("bf16", "fp32"):
+        def choose(m, compute_type, **kw):
+            asked.append((compute_type, kw["beam"], kw["fold_attention"], m.backend))
+            return Choice(name, {"fp32": [1.0], "bf16": [1.0]}, "faked")
+
+        configs, chosen = resolve_auto([REFERENCE, Config("cpp", "folded", "auto")], model, torch.device("cpu"),
+                                       [1, 5], log=lambda m: None, choose=choose)
+        assert configs == [REFERENCE, Config("cpp", "folded", name)]
+        assert chosen == {f"cpp folded {name}": dict(choice=name, why="faked", cached=False,
+                                                     seconds={"fp32": [1.0], "bf16": [1.0]})}
+        assert model.backend is None  # restored
+    assert asked == [("auto", 5, True, "cpp,reference")] * 2
+
+
+def _row(backend, dtype, beam, seconds, spread, auto=False):
+    return dict(backend=backend, decoder="plain" if backend == "reference" else "folded", dtype=dtype, beam=beam,
+                seconds=seconds, seconds_min=seconds - spread / 2, seconds_max=seconds + spread / 2, auto=auto)
+
+
+def test_a_chosen_row_slower_than_the_reference_beyond_its_spread_fails_the_table():
+    from convs2s_bench.speed_table import auto_losses
+
+    rows = [_row("reference", "fp32", 1, 515, 4), _row("reference", "fp32", 5, 1203, 8),
+            _row("cpp", "bf16", 1, 469, 6, auto=True), _row("cpp", "bf16", 5, 1419, 10, auto=True)]
+    lost = auto_losses(dict(rows=rows))  # issue 48's Xeon: bf16 0.85x the reference at beam 5
+    assert len(lost) == 1 and lost[0].startswith("cpp folded bf16 beam 5 (1,419.0 s against the reference's 1,203.0 s")
+    rows[3] = _row("cpp", "bf16", 5, 1208, 10, auto=True)  # within its spread: not a loss
+    assert auto_losses(dict(rows=rows)) == []
+    rows[3] = _row("cpp", "bf16", 5, 1419, 10, auto=False)  # asked for by name: the user's choice
+    assert auto_losses(dict(rows=rows)) == []
+
+
+def test_the_speed_table_fails_in_one_line_when_auto_lost(monkeypatch, tmp_path, capsys):
+    import convs2s_bench.speed_table as st
+
+    def lost_run(request, **kw):
+        return dict(rows=[_row("reference", "fp32", 1, 1.0, 0.01), _row("cpp", "bf16", 1, 2.0, 0.01, auto=True)],
+                    machine={}, setup={})
+
+    monkeypatch.setattr(st, "run", lost_run)
+    monkeypatch.setattr(st, "format_table", lambda result: "the table")
+    out_json = tmp_path / "t.json"
+    assert main(["bench", "speed-table", *TINY, "--json", str(out_json)]) == 2
+    captured = capsys.readouterr()
+    assert "the table" in captured.out and out_json.is_file()  # printed and saved first
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: auto's choice lost to the reference: cpp folded bf16 beam 1")

@@ -368,22 +368,25 @@ def test_cli_reports_bad_data_folders_and_options(tmp_path, capsys):
     assert "unknown model options ['nonsense']" in capsys.readouterr().err
 
 
-def test_precision_auto_takes_bf16_only_where_it_is_native(monkeypatch):
-    """``--precision auto``: bf16 autocast with AMX-BF16/AVX512-BF16 (unless ONEDNN_MAX_CPU_ISA caps
-    them), fp32 elsewhere; ``bf16`` is honoured but says it is emulated; bad values are one-line errors."""
+def test_precision_auto_takes_bf16_only_where_it_was_measured_faster(monkeypatch, tmp_path):
+    """``--precision auto``: bf16 autocast only where the conv+GLU forward+backward was measured
+    faster in it, whatever the flags say (AVX512-BF16 present and bf16 slower: fp32; flags absent
+    and bf16 faster: bf16); ``bf16`` is honoured, and says it is emulated where no flag has it;
+    bad values are one-line errors."""
     from convs2s.errors import Convs2sError
     from convs2s.train import bf16_autocast
     import convs2s_kernels.env as env
 
+    monkeypatch.setenv("CONVS2S_TUNE_CACHE", str(tmp_path))
+    monkeypatch.delenv("CONVS2S_PRECISION", raising=False)
     cpu = torch.device("cpu")
     monkeypatch.setattr(env, "cpu_flags", lambda: ["avx2", "fma", "avx512f", "avx512_bf16"])
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    assert bf16_autocast("auto", cpu) == (True, "bf16 autocast (AVX512-BF16, --precision auto)")
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    assert bf16_autocast("auto", cpu)[0] is False
+    half_rate = lambda *a: {"fp32": [1.0], "bf16": [2.0]}  # noqa: E731  (the Xeon of issue 48)
+    bf16, why = bf16_autocast("auto", cpu, tokens=1000, measure=half_rate)
+    assert bf16 is False and why.startswith("fp32 (--precision auto: measured fp32 1000.0 ms, bf16 2000.0 ms")
     monkeypatch.setattr(env, "cpu_flags", lambda: ["avx2", "fma"])
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
-    assert bf16_autocast("auto", cpu) == (False, "fp32 (--precision auto: bf16 is not native here)")
+    twice_as_fast = lambda *a: {"fp32": [2.0], "bf16": [1.0]}  # noqa: E731
+    assert bf16_autocast("auto", cpu, tokens=2000, measure=twice_as_fast)[0] is True
     bf16, why = bf16_autocast("bf16", cpu)
     assert bf16 and "WITHOUT native bf16" in why
     assert bf16_autocast("fp32", cpu) == (False, "fp32")
@@ -391,7 +394,55 @@ def test_precision_auto_takes_bf16_only_where_it_is_native(monkeypatch):
         bf16_autocast("fp8", cpu)
 
 
+def test_cli_precision_auto_trains_in_the_measured_choice_and_reads_it_from_the_cache(copy_data, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """``convs2s train --precision auto`` measures a conv+GLU layer of the architecture's decoder
+    width at --max-tokens once, trains in the winner, and the next run reads the cache."""
+    from convs2s import compute_type
+
+    monkeypatch.setenv("CONVS2S_TUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CONVS2S_TUNE", "1")
+    monkeypatch.delenv("CONVS2S_PRECISION", raising=False)
+    measured = []
+
+    def fake(channels, kernel, tokens, device, backend):
+        measured.append((channels, kernel, tokens))
+        return {"fp32": [2.0], "bf16": [1.0]}
+
+    monkeypatch.setattr(compute_type, "measure_training", fake)
+    opts = [f"--model-option={k}={v}" for k, v in TINY.items() if k != "dropout"]
+    for run in ("a", "b"):
+        assert cli.main(["train", copy_data, "--save-dir", str(tmp_path / run), "--arch", "fconv", "--max-tokens",
+                         "300", "--max-update", "1", "--threads", "1", "--precision", "auto", *opts]) == 0
+        err = capsys.readouterr().err
+        assert "precision: bf16 autocast (--precision auto: measured fp32 2000.0 ms, bf16 1000.0 ms" in err
+        assert read_checkpoint(tmp_path / run / "checkpoint_last.pt")[TRAIN_STATE_KEY]["config"]["bf16"] is True
+    assert measured == [(64, 3, 300)]  # once: the second run read the cache
+
+
 def test_cli_bf16_flag_is_precision_bf16():
     args = cli.build_parser().parse_args(["train", "data", "--save-dir", "x", "--bf16"])
     assert args.precision == "bf16"
     assert cli.build_parser().parse_args(["train", "data", "--save-dir", "x"]).precision == "fp32"
+
+
+def test_keep_last_epochs_then_average_is_the_mean_of_their_parameters(copy_data, tmp_path):
+    from convs2s.average import average_checkpoints, last_epoch_checkpoints
+
+    save = tmp_path / "ckpt"
+    Trainer(tiny_config(copy_data, save, max_epoch=4, keep_last_epochs=2), **QUIET).train()
+    assert sorted(p.name for p in save.glob("checkpoint[0-9]*.pt")) == ["checkpoint3.pt", "checkpoint4.pt"]
+    paths = last_epoch_checkpoints(save, 2)
+    states = [read_checkpoint(p)["model"] for p in paths]
+    assert any(not torch.equal(states[0][k], states[1][k]) for k in states[0])  # two epochs apart
+    avg = average_checkpoints(paths)
+    assert TRAIN_STATE_KEY not in avg
+    for k, v in avg["model"].items():
+        torch.testing.assert_close(v, ((states[0][k].double() + states[1][k].double()) / 2).to(v.dtype))
+    out = tmp_path / "avg.pt"
+    assert cli.main(["average-checkpoints", "--folder", str(save), "--num-epoch-checkpoints", "2",
+                     "--output", str(out)]) == 0
+    model = convs2s.load_fairseq(out, save)[0]  # generates from the averaged weights
+    assert all(torch.equal(p, avg["model"][k]) for k, p in model.state_dict().items() if k in avg["model"])
+    with pytest.raises(convs2s.errors.Convs2sError, match="holds 2 epoch checkpoints"):
+        last_epoch_checkpoints(save, 3)

@@ -196,50 +196,47 @@ def test_bad_options_leave_an_existing_output_alone(tmp_path, capsys):
     assert out.read_text() == "yesterday's translations\n"
 
 
-def test_translate_int8_equals_generate_with_int8_weights(fixture_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("variant", ["int8", "int8w", "int7", "w7a7", "int8e", "int7e", "w7a7e", "bf16"])
+def test_translate_compute_type_equals_generate_with_that_variant(variant, fixture_dir, tmp_path):
+    """Every compute type the command takes by name decodes as the model does with that variant
+    applied (int8 weights and activations, the encoder alike or not; bf16 weights)."""
+    from convs2s.compute_type import apply_variant
+
     lines = fixture_lines(fixture_dir)[:3]
     src, out_file = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n".join(lines) + "\n")
     ckpt = str(fixture_dir / "checkpoint.pt")
     model, src_dict, tgt_dict = convs2s.load_fairseq(ckpt)
     ids = [src_dict.encode(l.split()) for l in lines]
-    for flag, activations in (("--int8", "int8"), ("--int8-weights-only", "float"), ("--int7", "int7")):
-        assert main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(src), "--output", str(out_file),
-                     "--beam", "2", "--max-len-b", "5", flag, "--fold-attention"]) == 0
-        model.quantize_decoder_int8(activations=activations)
-        hyps = convs2s.generate(model, ids, beam=2, max_len_b=5, fold_attention=True)
-        assert out_file.read_text().split("\n")[:-1] == [tgt_dict.string(h[0]["tokens"]) for h in hyps], flag
-    # --int8-encoder: the encoder's weights alike (the int7 decoder above still on)
-    asked = []
-    quantize = convs2s.ConvS2SModel.quantize_encoder_int8
-
-    def spy(self, *args, **kwargs):
-        asked.append(kwargs)
-        return quantize(self, *args, **kwargs)
-
-    monkeypatch.setattr(convs2s.ConvS2SModel, "quantize_encoder_int8", spy)
     assert main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(src), "--output", str(out_file),
-                 "--beam", "2", "--max-len-b", "5", "--int7", "--int8-encoder", "--fold-attention"]) == 0
-    assert asked == [{"activations": "int7"}]
-    model.quantize_encoder_int8(activations="int7")
-    hyps = convs2s.generate(model, ids, beam=2, max_len_b=5, fold_attention=True)
-    assert out_file.read_text().split("\n")[:-1] == [tgt_dict.string(h[0]["tokens"]) for h in hyps]
-    # --int7-weights: the decoder's weights quantised to 7 bits too, the encoder's kept at 8
-    assert main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(src), "--output", str(out_file),
-                 "--beam", "2", "--max-len-b", "5", "--int7", "--int7-weights", "--int8-encoder", "--fold-attention"]) == 0
-    assert asked[-1] == {"activations": "int7"}
-    model.quantize_decoder_int8(activations="int7", weight_bits=7).quantize_encoder_int8(activations="int7")
-    hyps = convs2s.generate(model, ids, beam=2, max_len_b=5, fold_attention=True)
+                 "--beam", "2", "--max-len-b", "5", "--compute-type", variant, "--fold-attention"]) == 0
+    hyps = convs2s.generate(apply_variant(model, variant), ids, beam=2, max_len_b=5, fold_attention=True)
     assert out_file.read_text().split("\n")[:-1] == [tgt_dict.string(h[0]["tokens"]) for h in hyps]
 
 
-@pytest.mark.parametrize("others", [[], ["--int8"], ["--int8-weights-only"]])
-def test_seven_bit_weights_without_seven_bit_activations_are_refused(others, capsys):
-    assert main(["translate", "--fairseq-checkpoint", "never-read.pt", "--int7-weights", *others]) == 2
-    assert "--int7-weights goes with --int7" in one_line_error(capsys)
+def test_translate_int8_takes_the_measured_fastest_variant(fixture_dir, tmp_path, monkeypatch, capsys):
+    """``--compute-type int8`` measures the int8 variants and decodes with the fastest, saying so."""
+    from convs2s import compute_type as ct
+
+    seen = []
+
+    def fake(model, names, **kw):
+        seen.append(list(names))
+        return {n: [0.5, 5.0] if n == "int7e" else [1.0, 10.0] for n in names}
+
+    monkeypatch.setattr(ct, "measure_decoding", fake)
+    monkeypatch.setenv("CONVS2S_TUNE", "1")
+    src = tmp_path / "in.txt"
+    src.write_text(fixture_lines(fixture_dir)[0] + "\n")
+    assert main(["translate", "--fairseq-checkpoint", str(fixture_dir / "checkpoint.pt"), "--input", str(src),
+                 "--beam", "2", "--max-len-b", "5", "--compute-type", "int8"]) == 0
+    assert seen == [list(ct.INT8_VARIANTS)]
+    assert "compute type: int7e (measured" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("others", [[], ["--int8-weights-only"]])
-def test_int8_encoder_without_int8_activations_is_refused(others, capsys):
-    assert main(["translate", "--fairseq-checkpoint", "never-read.pt", "--int8-encoder", *others]) == 2
-    assert "--int8-encoder quantises the encoder alike: give it with --int8 or --int7" in one_line_error(capsys)
+@pytest.mark.parametrize("bad", ["int4", "fp16x", "auto8"])
+def test_unknown_compute_types_are_refused_before_loading(bad, capsys):
+    assert main(["translate", "--fairseq-checkpoint", "never-read.pt", "--compute-type", bad]) == 2
+    assert f"unknown compute type {bad!r}" in one_line_error(capsys)
+
+

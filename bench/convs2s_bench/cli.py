@@ -55,7 +55,8 @@ def _set_threads(threads: int) -> None:
 
 def speed_table(args) -> int:
     """``convs2s bench speed-table``: time the table, print it, write the JSON and the plot."""
-    from .speed_table import SpeedTableError, SpeedTableRequest, accounting_errors, format_table, run, write_json
+    from .speed_table import (SpeedTableError, SpeedTableRequest, accounting_errors, auto_losses, format_table, run,
+                              write_json)
 
     if args.full and args.sentences is not None:
         raise SpeedTableError("give either --full or --sentences")
@@ -72,7 +73,8 @@ def speed_table(args) -> int:
         arch=args.arch, checkpoint=args.checkpoint, dicts=args.dicts, source=args.source, reference=args.reference,
         spm=args.spm, mode=mode, sentences=args.sentences, beams=args.beams, backends=args.backends,
         device=args.device, dtypes=args.dtype, decoders=args.decoders, repeats=args.repeats,
-        batch_size=args.batch_size, vocab=args.vocab, seed=args.seed, cuda_graph=not args.no_cuda_graph)
+        batch_size=args.batch_size, vocab=args.vocab, seed=args.seed, cuda_graph=not args.no_cuda_graph,
+        remeasure=args.remeasure)
     save = (lambda partial: write_json(partial, args.json)) if args.json else None  # progress survives a kill
     result = _reported_as(SpeedTableError, lambda: run(request, progress=args.progress or sys.stderr.isatty(),
                                                        on_update=save, log=_log))
@@ -89,6 +91,9 @@ def speed_table(args) -> int:
     if wrong:  # after the table is out and saved: the timings stand, the FLOP count or a peak does not
         raise SpeedTableError(f"{', '.join(wrong)} ran above the measured GEMM peak (rows marked '!'): the work "
                               "is miscounted or the peak under-measured")
+    lost = auto_losses(result)
+    if lost:  # the timings stand; the choice that made them does not
+        raise SpeedTableError(f"auto's choice lost to the reference: {'; '.join(lost)}")
     return 0
 
 

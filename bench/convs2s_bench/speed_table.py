@@ -33,8 +33,8 @@ from .estimate import (Batch, BatchTiming, TRUNCATED_LENGTH, estimate, full_set_
                        summarise)
 from .flops import generation_flops
 from .roofline import RooflineError, fractions_of_peak
-from .workload import (DECODERS, DTYPES, INT8_QUANTIZATION, LENGTH_NOTE, PAPER_ROWS, PAPER_SENTENCES, PEAK_OF,
-                       REFERENCE, SUBSET_SEED, Config, fastest_config, forced_lengths, hashed_ids, random_sentences,
+from .workload import (DECODERS, DTYPES, LENGTH_NOTE, PAPER_ROWS, PAPER_SENTENCES, PEAK_OF,
+                       REFERENCE, SUBSET_SEED, Config, auto_config, forced_lengths, hashed_ids, random_sentences,
                        subset_order, synthetic_lengths)
 
 
@@ -105,12 +105,10 @@ class Models:
 
     def get(self, config: Config):
         if config.dtype not in self.cache:
+            from convs2s.compute_type import apply_variant
+
             model = self.base if config.dtype == "fp32" else copy.deepcopy(self.base)
-            model.to(device=self.device, dtype=DTYPES[config.dtype])
-            activations, weight_bits = INT8_QUANTIZATION.get(config.dtype, ("int8", 8))
-            model.quantize_decoder_int8(config.dtype in INT8_QUANTIZATION, activations=activations,
-                                        weight_bits=weight_bits)
-            self.cache[config.dtype] = model
+            self.cache[config.dtype] = apply_variant(model.to(self.device), config.dtype)
         return self.cache[config.dtype].use_backend(config.backend)
 
     def reset(self) -> None:
@@ -228,20 +226,48 @@ def check_backends(names: Sequence[str], device: torch.device) -> List[str]:
 def choose_configs(device: torch.device, backends: Optional[Sequence[str]], dtypes: Optional[Sequence[str]],
                    decoders: Optional[Sequence[str]]) -> List[Config]:
     """Every (backend, decoder, dtype) asked for; with none asked, the reference backend's plain
-    fp32 decoder (the baseline) and the fastest configuration this machine supports."""
+    fp32 decoder (the baseline) and the configuration ``auto`` chooses (dtype ``auto``, measured
+    on the model by :func:`resolve_auto` once it is loaded)."""
     import convs2s_kernels as ck
 
-    for name, given, known in (("dtype", dtypes, DTYPES), ("decoder", decoders, DECODERS)):
+    for name, given, known in (("dtype", dtypes, (*DTYPES, "auto")), ("decoder", decoders, DECODERS)):
         bad = [d for d in given or () if d not in known]
         if bad:
             raise SpeedTableError(f"unknown {name} {bad[0]!r}; choose from {', '.join(known)}")
-    fastest = fastest_config(device, ck.available_backends())
+    auto = auto_config(device, ck.available_backends())
     if not (backends or dtypes or decoders):
-        return [REFERENCE] if fastest == REFERENCE else [REFERENCE, fastest]
-    backends = check_backends(backends or ["reference", fastest.backend], device)
+        return [REFERENCE, auto]
+    backends = check_backends(backends or ["reference", auto.backend], device)
     backends = sorted(dict.fromkeys(backends), key=lambda b: b != "reference")  # the baseline first
     dtypes = sorted(dict.fromkeys(dtypes or ["fp32"]), key=lambda d: d != "fp32")
     return [Config(b, d, t) for t in dtypes for b in backends for d in (decoders or ["plain"])]
+
+
+def resolve_auto(configs: Sequence[Config], model, device: torch.device, beams: Sequence[int], *,
+                 remeasure: bool = False, log=print, choose=None) -> Tuple[List[Config], Dict[str, dict]]:
+    """Each configuration with dtype ``auto`` given the dtype :func:`convs2s.compute_type.choose_decoding`
+    measures fastest for ``model`` on ``device`` under that backend and decoder (at the largest beam);
+    returns the configurations (duplicates dropped) and, per resolved configuration's name, the choice."""
+    from convs2s.compute_type import choose_decoding
+
+    choose = choose or choose_decoding
+    out: List[Config] = []
+    chosen: Dict[str, dict] = {}
+    for c in configs:
+        if c.dtype == "auto":
+            was = model.backend
+            model.to(device).use_backend(c.backend)
+            try:
+                choice = choose(model, "auto", beam=max(beams), fold_attention=c.decoder == "folded",
+                                remeasure=remeasure)
+            finally:
+                model.backend = was
+            c = replace(c, dtype=choice.name)
+            chosen[c.name] = dict(choice=choice.name, why=choice.why, cached=choice.cached, seconds=choice.seconds)
+            log(f"auto ({c.backend} {c.decoder}): {choice.name} ({choice.why}{'; cached' if choice.cached else ''})")
+        if c not in out:
+            out.append(c)
+    return out, chosen
 
 
 # --- what to time ---------------------------------------------------------------------------------------
@@ -269,6 +295,7 @@ class SpeedTableRequest:
     vocab: int = 40000
     seed: int = 1
     cuda_graph: bool = True
+    remeasure: bool = False  # measure the auto dtype again instead of reading it from the cache
 
     def configs(self) -> Tuple[torch.device, List[Config]]:
         """The device and the configurations to time; options that do not fit together are an error."""
@@ -373,7 +400,8 @@ def _setup(request: SpeedTableRequest, model, arch_name: str, work: Workload, n_
                                                       f"(seed {SUBSET_SEED})",
                 forced_length=None if checkpoint else "round(1.1 x source length)",
                 vocab=None if checkpoint else request.vocab, seed=request.seed,
-                cuda_graph=request.cuda_graph and request.device.startswith("cuda"))
+                cuda_graph=request.cuda_graph and request.device.startswith("cuda"),
+                measured=time.strftime("%Y-%m-%d", time.gmtime()))
 
 
 def run(request: Optional[SpeedTableRequest] = None, *, progress: bool = False,
@@ -393,11 +421,12 @@ def run(request: Optional[SpeedTableRequest] = None, *, progress: bool = False,
     model, src_dict, tgt_dict, arch_name = request.load_model()
     work, order, n_total = make_workload(request, model, src_dict, tokenizer, log)
     refs = _references(request.reference, order, n_total)
+    configs, auto = resolve_auto(configs, model, dev, request.beams, remeasure=request.remeasure, log=log)
     machine = measure_machine(dev, configs)
     sample = sample_batches(work.batches) if request.mode == "estimate" else None
     models = Models(model, dev)
-    table = Table(work, models, machine, _setup(request, model, arch_name, work, n_total, sample),
-                  Scorer(refs, tgt_dict, tokenizer))
+    setup = dict(_setup(request, model, arch_name, work, n_total, sample), auto=auto)
+    table = Table(work, models, machine, setup, Scorer(refs, tgt_dict, tokenizer))
     plan = Plan(request.mode, configs, list(request.beams), request.repeats, sample)
     records = measure(models, work, plan, progress=progress, on_row=table.progress(on_update), log=log)
     models.reset()
@@ -479,6 +508,7 @@ class Table:
         uncertainty = [d["model_uncertainty_s"] for d in rec["per_repeat"] if "model_uncertainty_s" in d]
         return dict(
             backend=config.backend, decoder=config.decoder, dtype=config.dtype, beam=beam,
+            auto=config.name in self.setup.get("auto", {}),
             label=config.backend + ("*" if fell_back else ""), method=("estimate" if uncertainty else "measured"),
             sentences=len(work.sources), source_tokens=sum(len(s) for s in work.sources),
             target_tokens=sum(tgt_lengths), seconds=median, seconds_min=spread["min"], seconds_max=spread["max"],
@@ -542,6 +572,20 @@ def _row_name(row: dict) -> str:
     return f"{row['backend']} {row['decoder']} {row['dtype']} beam {row['beam']}"
 
 
+def auto_losses(result: dict) -> List[str]:
+    """The rows ``auto`` chose that lost to the fp32 reference at their beam by more than their own
+    spread over repeats (max - min): the choice was wrong for this workload."""
+    ref = {r["beam"]: r for r in result["rows"] if r["backend"] == "reference" and r["decoder"] == "plain"
+           and r["dtype"] == "fp32"}
+    lost = []
+    for r in result["rows"]:
+        base = ref.get(r["beam"])
+        if r.get("auto") and base and r["seconds"] - base["seconds"] > r["seconds_max"] - r["seconds_min"]:
+            lost.append(f"{_row_name(r)} ({r['seconds']:,.1f} s against the reference's {base['seconds']:,.1f} s, "
+                        f"spread {r['seconds_max'] - r['seconds_min']:,.1f} s)")
+    return lost
+
+
 def accounting_errors(result: dict) -> List[str]:
     """The rows whose rate came out above the machine's measured peak (a miscount, never a result)."""
     return [_row_name(r) for r in result["rows"] if r.get("accounting_error")]
@@ -563,10 +607,13 @@ def format_table(result: dict) -> str:
         bleu = "-" if r["bleu"] is None else f"{r['bleu']:.2f}"
         model_pm = "-" if r["model_uncertainty_s"] is None else f"{r['model_uncertainty_s']:,.1f}"
         lines.append(
-            f"| {r['label']} | {r['decoder']} | {r['dtype']} | {r['beam']} | {bleu} | {r['seconds']:,.1f} | "
+            f"| {r['label']} | {r['decoder']} | {r['dtype']}{' (auto)' if r.get('auto') else ''} | {r['beam']} | {bleu} | {r['seconds']:,.1f} | "
             f"{r['seconds_min']:,.1f}–{r['seconds_max']:,.1f} | {model_pm} | {r['sentences_per_s']:.2f} | "
             f"{r['tokens_per_s']:.1f} | {r['gflops_per_s']:.1f} | {_percent_of_peak(r)} | "
             f"{speedup[0]} | {speedup[1]} |")
+    for name, c in (setup.get("auto") or {}).items():
+        lines += ["", f"(auto) {name}: chosen among fp32 and bf16 for this model on this machine "
+                      f"({c['why']}{'; cached' if c.get('cached') else ''})."]
     wrong = [r for r in rows if r.get("accounting_error")]
     if wrong:
         lines.append("")

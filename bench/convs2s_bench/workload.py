@@ -61,16 +61,13 @@ PAPER_ROWS = [
 PAPER_SENTENCES = 6003
 SUBSET_SEED = 2017  # the fixed shuffled order --sentences N cuts its subset from
 
-# the model's dtype per configuration; "int8" is the float32 model decoding with int8 decoder
-# weights and activations, "int8w" with int8 weights and float32 activations, "int7" with int8
-# weights and 7-bit activations, "w7a7" with 7-bit weights and activations
-# (ConvS2SModel.quantize_decoder_int8); int8 held against the int8 GEMM peak, int7 and w7a7
-# against the same with their widths, int8w (float32 math) against the float32 one
+# the dtypes a configuration can name: convs2s.compute_type's variants of the same names (int8:
+# int8 decoder weights and activations; int8w: weights only; int7: 7-bit activations; w7a7: 7-bit
+# weights too); each int8 one held against the int8 GEMM peak of its widths, int8w (float32 math)
+# against the float32 one
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32, "int8w": torch.float32,
           "int7": torch.float32, "w7a7": torch.float32}
 PEAK_OF = {"fp32": "fp32", "bf16": "bf16", "int8": "int8", "int8w": "fp32", "int7": "int7", "w7a7": "w7a7"}
-# each int8 dtype's (activations, weight_bits) for quantize_decoder_int8
-INT8_QUANTIZATION = {"int8": ("int8", 8), "int8w": ("float", 8), "int7": ("int7", 8), "w7a7": ("int7", 7)}
 DECODERS = ("plain", "folded")  # folded: attention projections precomputed per sentence (exact)
 
 
@@ -90,18 +87,14 @@ class Config:
 REFERENCE = Config("reference", "plain", "fp32")
 
 
-def fastest_config(device: torch.device, available: Dict[str, Optional[str]]) -> Config:
-    """The fastest configuration this machine supports, by rule (measured in bench/results/):
-    the native backend with the folded decoder; bf16 only where the CPU computes it natively
-    (AVX512-BF16 / AMX; elsewhere bf16 is widened to float32 and loses to fp32); int8 is not
-    taken by default: it changes the model's numbers (its BLEU cost is measured in
-    bench/results/), so it is asked for (``--dtype int8``)."""
-    from convs2s_kernels.env import native_bf16
-
+def auto_config(device: torch.device, available: Dict[str, Optional[str]]) -> Config:
+    """The configuration ``auto`` stands for before its dtype is measured: the native backend
+    (triton on CUDA, cpp on the CPU, where they load) with the folded decoder; the dtype ``auto``
+    is resolved on the model at hand by :func:`convs2s.compute_type.choose_decoding` (fp32 or
+    bf16, timed; int8 changes the model's numbers and is asked for with ``--dtype int8``)."""
     if device.type == "cuda":
-        return Config("triton" if available.get("triton") is None else "reference", "folded", "bf16")
-    backend = "cpp" if available.get("cpp") is None else "reference"
-    return Config(backend, "folded", "bf16" if native_bf16() else "fp32")
+        return Config("triton" if available.get("triton") is None else "reference", "folded", "auto")
+    return Config("cpp" if available.get("cpp") is None else "reference", "folded", "auto")
 
 
 def synthetic_lengths(histogram: Dict[int, int] = NEWSTEST_SUBWORD_LENGTHS) -> List[int]:

@@ -38,12 +38,19 @@ fi
 # has native bf16 dot products (AMX-BF16/AVX512-BF16, or a GPU), fp32 elsewhere (--precision auto).
 python3 -m convs2s train "$work/bin" --save-dir "$work/ckpt" --arch fconv_iwslt_de_en \
     --dropout 0.2 --label-smoothing 0.1 --lr 0.25 --clip-norm 0.1 --max-tokens 4000 --precision auto \
-    --max-time "$minutes" --snapshot-minutes 30,60 --resume
+    --max-time "$minutes" --snapshot-minutes 30,60 --keep-last-epochs 10 --resume
 
-for ckpt in checkpoint_30min checkpoint_60min checkpoint_last checkpoint_best; do
+# fairseq's checkpoint averaging over the last 10 epochs (its IWSLT recipe's number)
+python3 -m convs2s average-checkpoints --folder "$work/ckpt" --num-epoch-checkpoints 10 \
+    --output "$work/ckpt/checkpoint_avg10.pt" || echo "no average: fewer than 10 epochs were trained"
+
+for ckpt in checkpoint_30min checkpoint_60min checkpoint_last checkpoint_best checkpoint_avg10; do
     [ -f "$work/ckpt/$ckpt.pt" ] || continue
-    python3 -m convs2s generate --fairseq-checkpoint "$work/ckpt/$ckpt.pt" --spm "$work/ckpt/spm.model" \
-        --input "$data/test_2016_flickr.$src.gz" --reference "$data/test_2016_flickr.$tgt.gz" \
-        --beam 5 --batch-size 128 > "$work/$ckpt.test_2016_flickr.out"
-    echo "$ckpt: $(tail -n 1 "$work/$ckpt.test_2016_flickr.out")"
+    for test in test_2016_flickr test_2017_flickr; do
+        [ -f "$data/$test.$src.gz" ] || continue
+        python3 -m convs2s generate --fairseq-checkpoint "$work/ckpt/$ckpt.pt" --spm "$work/ckpt/spm.model" \
+            --input "$data/$test.$src.gz" --reference "$data/$test.$tgt.gz" \
+            --beam 5 --batch-size 128 > "$work/$ckpt.$test.out"
+        echo "$ckpt $test: $(tail -n 1 "$work/$ckpt.$test.out")"
+    done
 done

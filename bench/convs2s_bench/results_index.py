@@ -1,0 +1,104 @@
+"""The small tables the READMEs quote, made from the committed results (``bench/results/index.json``
+names which speed-table JSON stands for each machine, and the setup commands' measured durations).
+
+``python3 -m convs2s_bench.results_index`` prints both tables; ``--write`` puts them between their
+markers in ``README.md`` and ``bench/results/README.md``; ``tests/test_results_index.py`` fails when
+a README's table differs from what the data gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+REPO = RESULTS.parent.parent
+MARKERS = {"main-job": ("<!-- main-job table:", "<!-- end of main-job table -->"),
+           "durations": ("<!-- durations table:", "<!-- end of durations table -->")}
+
+
+def load_index(results: Path = RESULTS) -> dict:
+    return json.loads((results / "index.json").read_text())
+
+
+def _pair(rows: List[dict], want) -> Dict[int, dict]:
+    return {r["beam"]: r for r in rows if want(r)}
+
+
+def main_job_rows(index: dict, results: Path = RESULTS) -> List[Tuple[str, str, Dict[int, dict], Dict[int, dict]]]:
+    """Per machine: its name, the date, the reference's rows and the fast row's by beam."""
+    out = []
+    for entry in index["main_job"]:
+        rows = json.loads((results / entry["table"]).read_text())["rows"]
+        ref = _pair(rows, lambda r: r["backend"] == "reference")
+        fast = _pair(rows, lambda r: r["backend"] != "reference")
+        out.append((entry["machine"], entry["measured"], ref, fast))
+    return out
+
+
+def _secs(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def main_job_table(index: Optional[dict] = None, results: Path = RESULTS) -> str:
+    index = index or load_index(results)
+    lines = ["| machine | measured | reference (s), beam 1 / 5 | `auto` row | its time (s), beam 1 / 5 "
+             "| speed-up, beam 1 / 5 |", "|---|---|---|---|---|---|"]
+    for machine, date, ref, fast in main_job_rows(index, results):
+        beams = sorted(set(ref) & set(fast))
+        one = fast[beams[0]]
+        name = f"{one['backend']} {one['decoder']} {one['dtype']}"
+        ref_s = " / ".join(_secs(ref[b]["seconds"]) for b in beams)
+        fast_s = " / ".join(_secs(fast[b]["seconds"]) for b in beams)
+        ratios = " / ".join(f"{ref[b]['seconds'] / fast[b]['seconds']:.2f}x" for b in beams)
+        lines.append(f"| {machine} | {date} | {ref_s} | {name} | {fast_s} | {ratios} |")
+    return "\n".join(lines)
+
+
+def durations_table(index: Optional[dict] = None, results: Path = RESULTS) -> str:
+    index = index or load_index(results)
+    lines = ["| machine | measured | `install.sh` (min) | main job (min) | `test.sh` (min) | source |",
+             "|---|---|---|---|---|---|"]
+    for e in index["durations"]:
+        lines.append(f"| {e['machine']} | {e['measured']} | {e['install_min']} | {e['main_job_min']} | "
+                     f"{e['tests_min']} | {e['source']} |")
+    return "\n".join(lines)
+
+
+def quoted(text: str, which: str) -> Optional[str]:
+    """The table between ``which``'s markers in ``text`` (None without the markers)."""
+    start, end = MARKERS[which]
+    m = re.search(re.escape(start) + r"[^\n]*\n(.*?)" + re.escape(end), text, re.S)
+    return None if m is None else m.group(1).rstrip("\n")
+
+
+def replace_quoted(text: str, which: str, table: str) -> str:
+    start, end = MARKERS[which]
+    return re.sub("(" + re.escape(start) + r"[^\n]*\n)(.*?)(" + re.escape(end) + ")",
+                  lambda m: m.group(1) + table + "\n" + m.group(3), text, flags=re.S)
+
+
+TARGETS = {"main-job": (REPO / "README.md", main_job_table), "durations": (RESULTS / "README.md", durations_table)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="update the tables in the READMEs")
+    args = parser.parse_args(argv)
+    index = load_index()
+    for which, (path, make) in TARGETS.items():
+        table = make(index)
+        print(table + "\n")
+        if args.write:
+            text = path.read_text()
+            if quoted(text, which) is None:
+                raise SystemExit(f"{path} has no {which} markers")
+            path.write_text(replace_quoted(text, which, table))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

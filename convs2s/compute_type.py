@@ -1,0 +1,325 @@
+"""Which number format decodes and trains fastest on this machine, measured, not read from flags.
+
+A compute type (CTranslate2's word) is how a model computes while decoding: ``fp32``, ``bf16``
+(weights and activations in bfloat16), or an int8 variant (:data:`INT8_VARIANTS`: int8 weights,
+int8 or 7-bit activations, the encoder quantised too or not). ``auto`` takes the faster of fp32
+and bf16, timed on the model at hand; ``int8`` the fastest int8 variant, timed likewise (int8
+changes the numbers, so ``auto`` never takes it). Training's ``--precision auto`` takes bf16
+autocast only where a conv+GLU layer's forward and backward at the batch's shape ran faster in
+it than in fp32.
+
+A CPU flag never decides alone: AVX512-BF16 without AMX ran bf16 products at half the fp32 rate
+(issue 48), and bf16 weights widened in registers can win a memory-bound step where the flags
+say bf16 is emulated. Each answer is measured once per machine and model shape and kept beside
+the kernel choice (:mod:`convs2s_kernels.tune_cache`, the same machine key: CPU, ISA caps,
+threads, torch version, extension build); ``--remeasure`` or ``remeasure=True`` measures again.
+``CONVS2S_COMPUTE_TYPE`` (decoding) and ``CONVS2S_PRECISION`` (training) override ``auto``;
+with measuring off (``CONVS2S_TUNE=0``) and nothing cached, ``auto`` is fp32.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .errors import Convs2sError
+
+COMPUTE_TYPES = ("auto", "fp32", "bf16", "int8")
+DECODE_ENV = "CONVS2S_COMPUTE_TYPE"
+TRAIN_ENV = "CONVS2S_PRECISION"
+CACHE_PREFIX = "compute-type"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to compute a decoding: the model's float dtype and, for int8, the decoder's (and
+    optionally the encoder's) quantisation (``ConvS2SModel.quantize_decoder_int8``)."""
+
+    name: str
+    dtype: torch.dtype = torch.float32
+    activations: Optional[str] = None  # None: float weights; "int8" / "int7" / "float" (weight-only)
+    weight_bits: int = 8               # the decoder's; the encoder keeps 8 (7 cost 0.81 BLEU there)
+    encoder: bool = False              # the encoder quantised alike
+
+    @property
+    def int8(self) -> bool:
+        return self.activations is not None
+
+
+FLOAT_VARIANTS = {"fp32": Variant("fp32"), "bf16": Variant("bf16", torch.bfloat16)}
+# the int8 variants whose BLEU cost was measured within 0.3 on the Multi30k models
+# (bench/results/amd-zen3-2c/README.md, bench/results/amd-zen5-2c/README.md)
+INT8_VARIANTS = {
+    "int8": Variant("int8", activations="int8"),
+    "int8w": Variant("int8w", activations="float"),
+    "int7": Variant("int7", activations="int7"),
+    "w7a7": Variant("w7a7", activations="int7", weight_bits=7),
+    "int8e": Variant("int8e", activations="int8", encoder=True),
+    "int7e": Variant("int7e", activations="int7", encoder=True),
+    "w7a7e": Variant("w7a7e", activations="int7", weight_bits=7, encoder=True),
+}
+VARIANTS = {**FLOAT_VARIANTS, **INT8_VARIANTS}
+
+
+def apply_variant(model, variant) -> "torch.nn.Module":
+    """Make ``model`` (in place) compute as ``variant`` (a name or :class:`Variant`); returns it."""
+    v = VARIANTS[variant] if isinstance(variant, str) else variant
+    model.to(dtype=v.dtype)
+    model.quantize_decoder_int8(v.int8, activations=v.activations or "int8", weight_bits=v.weight_bits)
+    model.quantize_encoder_int8(v.encoder, activations=v.activations or "int8")
+    return model
+
+
+def candidates_for(compute_type: str) -> List[str]:
+    """The variant names a requested compute type chooses among (one name: no choice)."""
+    if compute_type == "auto":
+        return list(FLOAT_VARIANTS)
+    if compute_type == "int8":
+        return list(INT8_VARIANTS)
+    if compute_type in VARIANTS:
+        return [compute_type]
+    raise Convs2sError(f"unknown compute type {compute_type!r}; choose from {', '.join(COMPUTE_TYPES)} "
+                       f"(or an int8 variant: {', '.join(INT8_VARIANTS)})")
+
+
+def ruled_out(name: str, device: torch.device) -> Optional[str]:
+    """Why a candidate cannot run here at all (a flag may rule one out, never pick one), or None."""
+    v = VARIANTS[name]
+    if device.type == "cuda" and v.int8:
+        return "int8 decoding runs on the CPU kernels only"
+    if device.type == "cuda" and v.dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        return "this GPU has no bf16"
+    return None
+
+
+@dataclass
+class Choice:
+    """What was chosen among ``seconds`` (name -> the measured times, one per timed shape)."""
+
+    name: str
+    seconds: Dict[str, List[float]]
+    why: str
+    cached: bool = False
+
+    def line(self, what: str) -> str:
+        return f"{what}: {self.name} ({self.why}{'; cached' if self.cached else ''})"
+
+
+# --- the cache ------------------------------------------------------------------------------------------
+def _cache_key() -> Dict[str, object]:
+    from convs2s_kernels import tune_cache
+
+    return dict(tune_cache.machine_key(), kind=CACHE_PREFIX)
+
+
+def _cache_path():
+    from convs2s_kernels import tune_cache
+
+    key = _cache_key()
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return tune_cache.cache_dir() / f"{CACHE_PREFIX}-{digest}.json", key
+
+
+def load_cached(entry: str) -> Optional[dict]:
+    """The cached measurement named ``entry`` for this machine, or None (missing, or unreadable)."""
+    path, key = _cache_path()
+    try:
+        data = json.loads(path.read_text())
+        if data.get("key") != key:
+            return None
+        e = data["entries"][entry]
+        if not (isinstance(e, dict) and isinstance(e.get("choice"), str) and isinstance(e.get("seconds"), dict)):
+            return None
+        return e
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def save_cached(entry: str, value: dict) -> None:
+    """Merge one entry into this machine's file, atomically and under a lock (two processes keep both)."""
+    import fcntl
+
+    from convs2s_kernels.atomic_files import atomic_write_text
+
+    path, key = _cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            data = json.loads(path.read_text())
+            entries = data["entries"] if data.get("key") == key and isinstance(data.get("entries"), dict) else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            entries = {}
+        entries[entry] = value
+        atomic_write_text(path, json.dumps(dict(key=key, entries=entries), indent=1, sort_keys=True))
+
+
+# --- timing ---------------------------------------------------------------------------------------------
+def time_interleaved(fns: Dict[str, Callable[[], object]], rounds: int = 3,
+                     clock: Callable[[], float] = time.perf_counter) -> Dict[str, float]:
+    """Each function's median over ``rounds``, the functions run in turn within each round (drift
+    hits every candidate alike); each is called once first, untimed (warm-up, kernel choice)."""
+    for fn in fns.values():
+        fn()
+    times: Dict[str, List[float]] = {name: [] for name in fns}
+    for r in range(rounds):
+        order = list(fns) if r % 2 == 0 else list(reversed(fns))  # neither always goes first
+        for name in order:
+            t0 = clock()
+            fns[name]()
+            times[name].append(clock() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def pick(seconds: Dict[str, List[float]], order: Sequence[str]) -> Tuple[str, str]:
+    """The candidate with the smallest geometric mean of its times relative to the first
+    candidate's (each shape counts alike, whatever its absolute time); ties go to the earlier
+    in ``order``. Returns (name, why: the measured times)."""
+    base = seconds[order[0]]
+
+    def score(name: str) -> float:
+        ratios = [t / b for t, b in zip(seconds[name], base)]
+        return statistics.geometric_mean(ratios) if all(r > 0 for r in ratios) else float("inf")
+
+    best = min(order, key=lambda n: (score(n), order.index(n)))
+    shown = ", ".join(f"{n} " + "/".join(f"{t * 1e3:.1f}" for t in seconds[n]) + " ms" for n in order)
+    return best, f"measured {shown}"
+
+
+# --- decoding -------------------------------------------------------------------------------------------
+def model_signature(model) -> str:
+    """What the timing depends on in a model: its parameters' names and shapes, hashed."""
+    shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+    return hashlib.sha1(repr(shapes).encode()).hexdigest()[:12]
+
+
+def _decode_workload(model, beam: int) -> List[Tuple[List[List[int]], int]]:
+    """A few-row step (one sentence, ``beam`` rows) and a many-row one (16 sentences), sources of
+    the newstest mean length (25 subwords) or the model's limit, each decoded for 6 steps."""
+    S = max(1, min(25, min(model.max_positions()) - 2))
+    word = min(4, model.src_vocab_size - 1)
+    return [([[word] * S], 6), ([[word] * S] * 16, 6)]
+
+
+def measure_decoding(model, names: Sequence[str], *, beam: int = 5, fold_attention: bool = True,
+                     rounds: int = 3) -> Dict[str, List[float]]:
+    """Each variant's time (seconds) to decode the few-row and the many-row workload with
+    ``model`` (copied per variant, the caller's untouched); measured interleaved."""
+    from .generate import generate
+
+    work = _decode_workload(model, beam)
+    models = {n: apply_variant(copy.deepcopy(model), n) for n in names}
+    out: Dict[str, List[float]] = {n: [] for n in names}
+    with torch.inference_mode():
+        for sources, steps in work:
+            def run(m=None, sources=sources, steps=steps):
+                generate(m, sources, beam=beam, batch_size=len(sources), forced_length=[steps] * len(sources),
+                         max_len_b=steps + 2, fold_attention=fold_attention)
+
+            medians = time_interleaved({n: (lambda m=models[n]: run(m)) for n in names}, rounds)
+            for n in names:
+                out[n].append(medians[n])
+    return out
+
+
+def _measuring_allowed() -> bool:
+    from convs2s_kernels import tune
+
+    return tune.tuning_enabled()
+
+
+def choose_decoding(model, compute_type: str = "auto", *, beam: int = 5, fold_attention: bool = True,
+                    remeasure: bool = False,
+                    measure: Optional[Callable[..., Dict[str, List[float]]]] = None) -> Choice:
+    """The variant ``compute_type`` stands for with this model on its device: measured among the
+    candidates (``auto``: fp32, bf16; ``int8``: the int8 variants) or read from the cache;
+    ``CONVS2S_COMPUTE_TYPE`` overrides ``auto``. ``measure`` replaces the timing (tests)."""
+    env = os.environ.get(DECODE_ENV)
+    if compute_type == "auto" and env:
+        candidates_for(env)  # an unknown value is an error, named
+        if env != "auto":
+            return Choice(env, {}, f"{DECODE_ENV}={env}")
+    names = candidates_for(compute_type)
+    device = next(model.parameters()).device
+    names = [n for n in names if ruled_out(n, device) is None]
+    if not names:
+        raise Convs2sError(f"compute type {compute_type!r} cannot run on {device.type}: "
+                           f"{ruled_out(candidates_for(compute_type)[0], device)}")
+    if len(names) == 1:
+        return Choice(names[0], {}, "the only candidate here" if compute_type in ("auto", "int8") else "asked for")
+    entry = f"decode:{device.type}:{model_signature(model)}:beam{beam}:{'folded' if fold_attention else 'plain'}:" \
+            + ",".join(names)
+    cached = None if remeasure else load_cached(entry)
+    if cached is not None and cached["choice"] in names:
+        return Choice(cached["choice"], cached["seconds"], cached["why"], cached=True)
+    if measure is None and not _measuring_allowed():
+        return Choice(names[0], {}, "measuring is off (CONVS2S_TUNE=0) and nothing is cached")
+    seconds = (measure or measure_decoding)(model, names, beam=beam, fold_attention=fold_attention)
+    name, why = pick(seconds, names)
+    why = f"{why} for a {beam}-row and a {16 * beam}-row decoding"
+    save_cached(entry, dict(choice=name, seconds=seconds, why=why))
+    return Choice(name, seconds, why)
+
+
+# --- training -------------------------------------------------------------------------------------------
+def measure_training(channels: int, kernel: int, tokens: int, device: torch.device, backend: Optional[str],
+                     rounds: int = 5) -> Dict[str, List[float]]:
+    """The forward and backward of one conv+GLU layer (``channels`` wide, kernel ``kernel``, a
+    batch of ``tokens`` tokens as 25-token sentences) in fp32 and under bf16 autocast, interleaved."""
+    import convs2s_kernels as ck
+
+    T = 25
+    B = max(1, tokens // T)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, T, channels, generator=g).to(device).requires_grad_()
+    w = (torch.randn(kernel, channels, 2 * channels, generator=g) / (kernel * channels) ** 0.5).to(device)
+    w.requires_grad_()
+    b = torch.zeros(2 * channels, device=device, requires_grad=True)
+
+    def step(bf16: bool):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            y = ck.conv_glu(x, w, b, causal=True, residual=x, scale=0.5 ** 0.5, backend=backend)
+        y.float().sum().backward()
+        x.grad = w.grad = b.grad = None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    medians = time_interleaved({"fp32": lambda: step(False), "bf16": lambda: step(True)}, rounds)
+    return {n: [t] for n, t in medians.items()}
+
+
+def choose_training(precision: str, device: torch.device, *, channels: int, kernel: int, tokens: int,
+                    backend: Optional[str] = None, remeasure: bool = False,
+                    measure: Optional[Callable[..., Dict[str, List[float]]]] = None) -> Choice:
+    """fp32 or bf16 for ``train --precision`` (``auto`` measured as :func:`measure_training`;
+    ``CONVS2S_PRECISION`` overrides it)."""
+    if precision not in ("fp32", "bf16", "auto"):
+        raise Convs2sError(f"precision must be fp32, bf16 or auto, got {precision!r}")
+    env = os.environ.get(TRAIN_ENV)
+    if precision == "auto" and env and env != "auto":
+        if env not in ("fp32", "bf16"):
+            raise Convs2sError(f"{TRAIN_ENV} must be fp32, bf16 or auto, got {env!r}")
+        return Choice(env, {}, f"{TRAIN_ENV}={env}")
+    if precision != "auto":
+        return Choice(precision, {}, "asked for")
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return Choice("fp32", {}, "this GPU has no bf16")
+    entry = f"train:{device.type}:{backend or 'auto'}:conv_glu:{channels}x{kernel}:{tokens}"
+    cached = None if remeasure else load_cached(entry)
+    if cached is not None and cached["choice"] in ("fp32", "bf16"):
+        return Choice(cached["choice"], cached["seconds"], cached["why"], cached=True)
+    if measure is None and not _measuring_allowed():
+        return Choice("fp32", {}, "measuring is off (CONVS2S_TUNE=0) and nothing is cached")
+    seconds = (measure or measure_training)(channels, kernel, tokens, device, backend)
+    name, why = pick(seconds, ["fp32", "bf16"])
+    why = f"{why} for a conv+GLU layer's forward+backward ({channels} channels, k={kernel}, {tokens} tokens)"
+    save_cached(entry, dict(choice=name, seconds=seconds, why=why))
+    return Choice(name, seconds, why)

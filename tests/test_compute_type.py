@@ -1,0 +1,181 @@
+"""The measured compute type (issue 48): ``auto`` is the faster of fp32 and bf16 as timed on the
+model here, never what a CPU flag says; ``int8`` the fastest int8 variant; cached per machine."""
+
+import json
+
+import pytest
+import torch
+
+import convs2s
+from convs2s import compute_type as ct
+from convs2s.errors import Convs2sError
+
+TINY = dict(encoder_embed_dim=32, decoder_embed_dim=32, decoder_out_embed_dim=32,
+            encoder_layers="[(32, 3)] * 2", decoder_layers="[(32, 3)] * 2", dropout=0.0)
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return convs2s.build_model("fconv", 40, 40, **TINY).fold_weight_norm().eval()
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVS2S_TUNE_CACHE", str(tmp_path))
+    for var in (ct.DECODE_ENV, ct.TRAIN_ENV):
+        monkeypatch.delenv(var, raising=False)
+
+
+class FakeTimes:
+    """A ``measure`` that returns fixed times per variant and counts its calls."""
+
+    def __init__(self, **seconds):
+        self.seconds, self.calls = seconds, []
+
+    def __call__(self, model, names, **kw):
+        self.calls.append(list(names))
+        return {n: list(self.seconds[n]) for n in names}
+
+
+def test_pick_takes_the_smallest_geometric_mean_of_ratios_and_ties_go_first():
+    assert ct.pick({"fp32": [1.0, 10.0], "bf16": [2.0, 10.0]}, ["fp32", "bf16"])[0] == "fp32"
+    assert ct.pick({"fp32": [1.0, 10.0], "bf16": [0.9, 9.0]}, ["fp32", "bf16"])[0] == "bf16"
+    # each shape counts alike: a 2x loss on the small one outweighs a 1.5x gain on the large one
+    assert ct.pick({"fp32": [1.0, 100.0], "bf16": [2.0, 66.7]}, ["fp32", "bf16"])[0] == "fp32"
+    assert ct.pick({"fp32": [1.0], "bf16": [1.0]}, ["fp32", "bf16"])[0] == "fp32"
+    assert "fp32 1000.0 ms, bf16 2000.0 ms" in ct.pick({"fp32": [1.0], "bf16": [2.0]}, ["fp32", "bf16"])[1]
+
+
+def test_auto_takes_fp32_where_bf16_was_slower_though_the_flags_say_native(model, monkeypatch):
+    import convs2s_kernels.env as env
+
+    monkeypatch.setattr(env, "cpu_flags", lambda: ["avx2", "fma", "avx512f", "avx512_bf16"])  # the flag rule said bf16
+    slow_bf16 = FakeTimes(fp32=[1.0, 10.0], bf16=[1.9, 21.0])
+    choice = ct.choose_decoding(model, "auto", measure=slow_bf16)
+    assert choice.name == "fp32" and not choice.cached and slow_bf16.calls == [["fp32", "bf16"]]
+    assert "measured fp32" in choice.why and "bf16" in choice.why
+
+
+def test_auto_takes_bf16_where_it_was_faster_though_no_flag_says_native(model, monkeypatch):
+    import convs2s_kernels.env as env
+
+    monkeypatch.setattr(env, "cpu_flags", lambda: ["avx2", "fma"])
+    fast_bf16 = FakeTimes(fp32=[1.0, 10.0], bf16=[0.6, 5.5])
+    assert ct.choose_decoding(model, "auto", measure=fast_bf16).name == "bf16"
+
+
+def test_the_choice_is_cached_per_model_shape_and_remeasured_on_request(model):
+    fake = FakeTimes(fp32=[1.0, 10.0], bf16=[0.5, 5.0])
+    assert ct.choose_decoding(model, "auto", measure=fake).name == "bf16"
+    again = ct.choose_decoding(model, "auto", measure=fake)
+    assert again.name == "bf16" and again.cached and len(fake.calls) == 1  # read, not measured
+    fake.seconds["bf16"] = [2.0, 20.0]
+    assert ct.choose_decoding(model, "auto", measure=fake, remeasure=True).name == "fp32" and len(fake.calls) == 2
+    assert ct.choose_decoding(model, "auto", measure=fake).name == "fp32"  # the new answer was saved
+    other = convs2s.build_model("fconv", 40, 40, **dict(TINY, decoder_layers="[(32, 3)] * 3")).eval()
+    ct.choose_decoding(other, "auto", measure=fake)
+    assert len(fake.calls) == 3  # another shape is measured on its own
+    # another beam or decoder is its own entry too
+    ct.choose_decoding(model, "auto", beam=1, measure=fake)
+    assert len(fake.calls) == 4
+    files = list(ct._cache_path()[0].parent.glob("compute-type-*.json"))
+    assert len(files) == 1 and len(json.loads(files[0].read_text())["entries"]) == 3
+
+
+def test_a_new_machine_key_measures_again(model, monkeypatch):
+    from convs2s_kernels import tune_cache
+
+    fake = FakeTimes(fp32=[1.0, 10.0], bf16=[0.5, 5.0])
+    ct.choose_decoding(model, "auto", measure=fake)
+    key = tune_cache.machine_key()
+    monkeypatch.setattr(tune_cache, "machine_key", lambda: dict(key, torch="9.9.9"))  # a new torch
+    assert not ct.choose_decoding(model, "auto", measure=fake).cached and len(fake.calls) == 2
+
+
+def test_auto_never_takes_int8_and_int8_takes_the_fastest_int8_variant(model):
+    fake = FakeTimes(fp32=[1.0, 10.0], bf16=[1.1, 11.0], **{n: [0.1, 1.0] for n in ct.INT8_VARIANTS})
+    assert ct.choose_decoding(model, "auto", measure=fake).name == "fp32"
+    fake.seconds["int7e"] = [0.05, 0.6]
+    choice = ct.choose_decoding(model, "int8", measure=fake)
+    assert choice.name == "int7e" and fake.calls[-1] == list(ct.INT8_VARIANTS)
+    for name in ("fp32", "bf16", "w7a7"):  # named outright: no choice, nothing measured
+        assert ct.choose_decoding(model, name, measure=fake).name == name
+    assert len(fake.calls) == 2
+
+
+def test_environment_overrides_auto_and_bad_names_are_one_line_errors(model, monkeypatch):
+    fake = FakeTimes(fp32=[1.0, 10.0], bf16=[0.5, 5.0])
+    monkeypatch.setenv(ct.DECODE_ENV, "fp32")
+    choice = ct.choose_decoding(model, "auto", measure=fake)
+    assert choice.name == "fp32" and f"{ct.DECODE_ENV}=fp32" in choice.why and not fake.calls
+    assert ct.choose_decoding(model, "bf16", measure=fake).name == "bf16"  # an explicit type wins over it
+    monkeypatch.setenv(ct.DECODE_ENV, "fp12")
+    with pytest.raises(Convs2sError, match="unknown compute type 'fp12'"):
+        ct.choose_decoding(model, "auto", measure=fake)
+    with pytest.raises(Convs2sError, match="unknown compute type 'int4'"):
+        ct.candidates_for("int4")
+
+
+def test_measuring_off_and_nothing_cached_is_fp32(model, monkeypatch):
+    monkeypatch.setenv("CONVS2S_TUNE", "0")
+    choice = ct.choose_decoding(model, "auto")
+    assert choice.name == "fp32" and "measuring is off" in choice.why
+
+
+def test_apply_variant_sets_the_dtype_and_the_quantisation(model):
+    ct.apply_variant(model, "bf16")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    ct.apply_variant(model, "fp32")
+    assert next(model.parameters()).dtype == torch.float32
+    layers = lambda part: [m for m in part.modules() if hasattr(m, "use_int8")]  # noqa: E731
+    ct.apply_variant(model, "w7a7e")
+    dec, enc = layers(model.decoder), layers(model.encoder)
+    assert dec and all(m.use_int8 and m.int8_activation_bits == 7 and m.int8_weight_bits == 7 for m in dec)
+    assert enc and all(m.use_int8 and m.int8_activation_bits == 7 and m.int8_weight_bits == 8 for m in enc)
+    ct.apply_variant(model, "int8")
+    assert all(m.use_int8 for m in layers(model.decoder)) and not any(m.use_int8 for m in layers(model.encoder))
+    ct.apply_variant(model, "fp32")
+    assert not any(m.use_int8 for m in layers(model))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpp"])
+def test_measured_end_to_end_on_this_machine(model, monkeypatch, backend):
+    """Real timings on this machine: both candidates timed on the model, the choice is one of them
+    and matches the times, the caller's model is untouched, and the answer is cached."""
+    import convs2s_kernels as ck
+
+    if backend == "cpp" and ck.available_backends().get("cpp") is not None:
+        pytest.skip(f"cpp backend not built: {ck.available_backends()['cpp']}")
+    monkeypatch.setenv("CONVS2S_TUNE", "1")
+    model.use_backend(backend)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    choice = ct.choose_decoding(model, "auto", beam=2)
+    assert set(choice.seconds) == {"fp32", "bf16"} and all(len(t) == 2 and min(t) > 0 for t in choice.seconds.values())
+    assert choice.name == ct.pick(choice.seconds, ["fp32", "bf16"])[0]
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert next(model.parameters()).dtype == torch.float32
+    assert ct.choose_decoding(model, "auto", beam=2).cached
+
+
+def test_training_choice_measured_end_to_end_and_cached(monkeypatch):
+    monkeypatch.setenv("CONVS2S_TUNE", "1")
+    choice = ct.choose_training("auto", torch.device("cpu"), channels=16, kernel=3, tokens=100, backend="reference")
+    assert choice.name in ("fp32", "bf16") and set(choice.seconds) == {"fp32", "bf16"}
+    assert choice.name == ct.pick(choice.seconds, ["fp32", "bf16"])[0]
+    assert ct.choose_training("auto", torch.device("cpu"), channels=16, kernel=3, tokens=100,
+                              backend="reference").cached
+    monkeypatch.setenv(ct.TRAIN_ENV, "bf16")
+    assert ct.choose_training("auto", torch.device("cpu"), channels=16, kernel=3, tokens=100).name == "bf16"
+    monkeypatch.setenv(ct.TRAIN_ENV, "fp16")
+    with pytest.raises(Convs2sError, match="CONVS2S_PRECISION must be fp32, bf16 or auto"):
+        ct.choose_training("auto", torch.device("cpu"), channels=16, kernel=3, tokens=100)
+
+
+def test_time_interleaved_alternates_the_order_and_takes_medians():
+    order = []
+    ticks = iter(range(1000))
+    out = ct.time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=3,
+                              clock=lambda: next(ticks))
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then rounds in alternating order
+    assert out == {"a": 1, "b": 1}
