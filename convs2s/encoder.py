@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import convs2s_kernels as ck
+from convs2s_kernels.internal import indices_trusted
 from convs2s_kernels.tune import ensure as ensure_kernel_choice
 
 from .architectures import ConvS2SConfig
@@ -51,7 +52,7 @@ def check_tokens(name: str, tokens, vocab_size: int, max_len: int) -> None:
             f"{name} has {tokens.shape[1]} steps but the position table allows at most {max_len} "
             "(EOS included); shorten or split the sentence"
         )
-    if ck.indices_trusted():  # a search loop's own topk ids: no host read per step
+    if indices_trusted():  # a search loop's own topk ids: no host read per step
         return
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= vocab_size:

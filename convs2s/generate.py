@@ -22,12 +22,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 import convs2s_kernels as ck
+from convs2s_kernels.internal import trusted_indices
 from convs2s_kernels.dispatch import BoundCalls
 from convs2s_kernels.reference import search_rules_ref
 
 from .errors import Convs2sError
 from .model import ConvS2SModel
-from .special_tokens import BOS, EOS, PAD, UNK
+from .special_tokens import BOS, EOS, NUM_SPECIALS, PAD, UNK
 from .recorded_search import RecordedSearchStep
 from .step_graph import recorder_factory
 
@@ -214,7 +215,7 @@ def _beam_search(model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions
     search = _BeamSearch(model, src, options, forced_len)
     if step_hook is not None:
         step_hook(-1)
-    with ck.trusted_indices():
+    with trusted_indices():
         for step in range(search.max_len + 1):
             if search.recorder is not None and step > 0:
                 search.recorded_step(step)
@@ -441,7 +442,7 @@ def _greedy_batch(model: ConvS2SModel, src: torch.Tensor, options: _SearchOption
     lengths = torch.zeros(B, dtype=torch.long, device=src.device)
     done = torch.zeros(B, dtype=torch.bool, device=src.device)
     mailbox = _Mailbox(done.all())
-    with ck.trusted_indices():
+    with trusted_indices():
         for step in range(max_len + 1):
             lprobs = torch.log_softmax(model.decode_step(prev, state)[0].float(), dim=-1)
             search_rules_ref(lprobs, step, max_len, options.min_len, options.unkpen, pad=PAD, eos=EOS, unk=UNK)
@@ -459,3 +460,31 @@ def _greedy_batch(model: ConvS2SModel, src: torch.Tensor, options: _SearchOption
         hypos.append({"tokens": tokens[b, :L].clone(), "score": float(pos.sum() / L ** options.lenpen),
                       "positional_scores": pos})
     return hypos
+
+
+def warmup(model: ConvS2SModel, *, max_source_length: int, beam: int = 5, fold_attention: bool = False,
+           **generate_options) -> List[int]:
+    """Tune, compile and record what decoding will call before anything is timed: a three-step
+    :func:`convs2s.generate` per autotune bucket and Triton specialisation of source lengths up
+    to ``max_source_length`` (EOS included) and of rows (:func:`convs2s_kernels.warmup`), where
+    Triton runs (CUDA, or a backend naming it); elsewhere one sentence of that length. Returns the
+    source lengths run. ``generate_options`` go to every call (``cuda_graph``,
+    ``shortlist``...)."""
+    limit = min(model.max_positions())
+    if not 1 <= max_source_length <= limit:
+        raise ValueError(f"max_source_length must lie in [1, {limit}] (EOS included), got {max_source_length}")
+    fixed = {"max_len_b", "max_len_a", "forced_length", "batch_size", "step_hook"} & set(generate_options)
+    if fixed:
+        raise ValueError(f"warmup decodes three steps per sentence itself; drop {', '.join(sorted(fixed))}")
+    word = min(NUM_SPECIALS, model.src_vocab_size - 1)  # any ordinary source word
+    device = next(model.parameters()).device
+
+    def run(S: int, sentences: int) -> None:
+        # three steps: the first (eager), a recorded step's warm-up, its recording
+        generate(model, [[word] * (S - 1)] * sentences, beam=beam, max_len_b=2, fold_attention=fold_attention,
+                 **generate_options)
+
+    if device.type != "cuda" and "triton" not in (model.backend or ""):
+        run(max_source_length, 1)  # nothing to tune but the cpp kernel choice, made at the first step
+        return [max_source_length]
+    return ck.warmup(run, max_source_length=max_source_length, device=device)

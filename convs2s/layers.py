@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import convs2s_kernels as ck
+from convs2s_kernels.internal import write_version
 from convs2s_kernels.huge_pages import on_huge_pages
 from convs2s_kernels.ops.conv_glu import conv_padding
 
@@ -97,7 +98,7 @@ class WeightNormed(nn.Module):
             return v * (g / self._norm(v, self.wn_dim))
         # Inference: compute W once and reuse it until g or v change (their version counters
         # move on every in-place update, e.g. an optimiser step or load_state_dict).
-        key = (ck.write_version(v), ck.write_version(g), v.data_ptr(), g.data_ptr(), v.dtype, v.device, self.wn_dim)
+        key = (write_version(v), write_version(g), v.data_ptr(), g.data_ptr(), v.dtype, v.device, self.wn_dim)
         if getattr(self, "_wn_cache_key", None) != key:
             with derived_copies(self):
                 self._wn_cache = (v * (g / self._norm(v, self.wn_dim))).detach()
@@ -125,7 +126,7 @@ class WeightNormed(nn.Module):
         if not self.use_int8:
             return None
         w = self.effective_weight()
-        key = (ck.write_version(w), w.dtype, w.device, self.int8_weight_bits)
+        key = (write_version(w), w.dtype, w.device, self.int8_weight_bits)
         # the source held and compared by identity: a new weight may reuse a freed one's address
         if getattr(self, "_int8_source", None) is not w or self._int8_key != key:
             with derived_copies(self):
@@ -183,7 +184,7 @@ class WeightNormed(nn.Module):
         if not self._may_use_inference_copies():
             return None
         w = self.effective_weight()
-        key = (ck.write_version(w), w.dtype, w.device)
+        key = (write_version(w), w.dtype, w.device)
         packs = self.__dict__.setdefault("_packs", {})
         source, held_key, held = packs.get(slot, (None, None, None))
         if source is not w or held_key != key:  # by identity: a new weight may reuse a freed one's address

@@ -92,34 +92,6 @@ class ConvS2SModel(nn.Module):
         """``(logits (N, V), attn (N, S) or None)`` for one step; see :meth:`Decoder.forward_step`."""
         return self.decoder.forward_step(tokens, state, need_attn=need_attn, backend=self.backend)
 
-    def warmup(self, *, max_source_length: int, beam: int = 5, fold_attention: bool = False, **generate_options):
-        """Tune, compile and record what decoding will call before anything is timed: a three-step
-        :func:`convs2s.generate` per autotune bucket and Triton specialisation of source lengths up
-        to ``max_source_length`` (EOS included) and of rows (:func:`convs2s_kernels.warmup`), where
-        Triton runs (CUDA, or a backend naming it); elsewhere one sentence of that length. Returns the
-        source lengths run. ``generate_options`` go to every call (``cuda_graph``,
-        ``shortlist``...)."""
-        from .generate import generate
-
-        limit = min(self.max_positions())
-        if not 1 <= max_source_length <= limit:
-            raise ValueError(f"max_source_length must lie in [1, {limit}] (EOS included), got {max_source_length}")
-        fixed = {"max_len_b", "max_len_a", "forced_length", "batch_size", "step_hook"} & set(generate_options)
-        if fixed:
-            raise ValueError(f"warmup decodes three steps per sentence itself; drop {', '.join(sorted(fixed))}")
-        word = min(NUM_SPECIALS, self.src_vocab_size - 1)  # any ordinary source word
-        device = next(self.parameters()).device
-
-        def run(S: int, sentences: int) -> None:
-            # three steps: the first (eager), a recorded step's warm-up, its recording
-            generate(self, [[word] * (S - 1)] * sentences, beam=beam, max_len_b=2, fold_attention=fold_attention,
-                     **generate_options)
-
-        if device.type != "cuda" and "triton" not in (self.backend or ""):
-            run(max_source_length, 1)  # nothing to tune but the cpp kernel choice, made at the first step
-            return [max_source_length]
-        return ck.warmup(run, max_source_length=max_source_length, device=device)
-
     # --- inference preparation -----------------------------------------------------------
     def fold_weight_norm(self) -> "ConvS2SModel":
         """Replace every ``weight_g``/``weight_v`` pair by its plain ``weight`` (inference speed)."""

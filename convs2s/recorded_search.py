@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 import convs2s_kernels as ck
+from convs2s_kernels.internal import trusted_indices
 from convs2s_kernels.ops.device_step import column, put_column
 
 from .special_tokens import EOS, PAD, UNK
@@ -46,7 +47,7 @@ class RecordedSearchStep:
             raise ValueError(f"the recorded search is at step {self.state.step}, not {step}")
         if step >= self.max_steps:  # a replay would index past the position table
             raise ValueError(f"step {step} is past the position table ({self.max_steps} positions)")
-        with ck.trusted_indices():  # the search's own indices: a range check would read them on the host
+        with trusted_indices():  # the search's own indices: a range check would read them on the host
             self.graph()
         self.state.static_step_done(parents_written=True)
 

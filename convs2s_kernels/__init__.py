@@ -21,7 +21,6 @@ Each has a pure-PyTorch twin ``<op>_ref`` (also in :mod:`convs2s_kernels.referen
 """
 
 from . import extension  # noqa: F401  (the cpp backend's availability)
-from ._checks import indices_trusted, trusted_indices, write_version
 from .dispatch import (BackendUnavailableError, Capability, available_backends, count_dispatches,
                        requested_backends, selected_backend_name)
 from .dispatch import reasons as backend_reasons
@@ -44,6 +43,5 @@ __all__ = [
     "decoder_step_ref", "beam_candidates_ref", "beam_update_ref", "quantize_int8", "quantize_rows_int8", "pack_w8a8_weight", "pack_conv_step_weight", "pack_linear_weight", "StepLayer", "StepAttention", "BeamCandidates",
     "FinishedHypotheses",
     "available_backends", "backend_reasons", "requested_backends", "selected_backend_name", "count_dispatches",
-    "BackendUnavailableError", "Capability", "reference", "trusted_indices", "indices_trusted", "warmup",
-    "write_version",
+    "BackendUnavailableError", "Capability", "reference", "warmup",
 ]

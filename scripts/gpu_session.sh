@@ -17,7 +17,7 @@ case "${1:-}" in lease|speed|profile) ;; *) echo "usage: bash scripts/gpu_sessio
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
 nvidia-smi -L
-"$PY" -m convs2s_kernels.env > "$OUT/env.txt" 2>&1
+"$PY" -m convs2s_kernels.report > "$OUT/env.txt" 2>&1
 speed_table() {  # time limit (s), name, then the table's own options
   local limit=$1 name=$2; shift 2
   timeout "$limit" "$PY" -m convs2s bench speed-table --device cuda --full --dtype bf16 --decoders folded --repeats 1 \

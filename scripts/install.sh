@@ -29,4 +29,4 @@ else
     "$PY" -m pip install --quiet --no-build-isolation -e ".[test,triton,plot]"
     mkdir -p build && echo "$fingerprint" > "$stamp"
 fi
-"$PY" -m convs2s_kernels.env
+"$PY" -m convs2s_kernels.report

@@ -19,6 +19,9 @@ OUTSIDE_KERNELS = ["convs2s", "bench", "tests", "examples", "scripts"]
 PACKAGES = ["convs2s", "convs2s_kernels", "bench/convs2s_bench"]
 OPS = ["conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8", "linear_w8a8", "decoder_step", "beam_candidates", "beam_update"]
 MAX_FUNCTION_LINES = 60
+# ops benchmarked inside another op's suite, beside what they replace (not yet a suite of their own):
+# int8 products against the float32 product, the one-call decoder step inside whole generations
+BENCHMARK_SUITE = {"linear_int8": "linear", "linear_w8a8": "linear", "decoder_step": "generate"}
 
 
 def python_files(folders):
@@ -73,6 +76,8 @@ def test_each_op_has_one_folder_with_everything(op):
     want = {"__init__.py", "api.py", "reference.py", "cpp.py"} | ({"triton.py", "triton_kernels.py"} if op in TRITON_OPS else set())
     assert want <= have, f"{folder} lacks {sorted(want - have)}"
     assert (REPO / "tests" / "ops" / f"test_{op}.py").exists()
+    bench = REPO / "bench" / f"test_bench_{BENCHMARK_SUITE.get(op, op)}.py"
+    assert bench.exists(), f"{op}'s benchmark {bench.name} is missing"
     assert callable(getattr(ck, op)) and callable(getattr(ck, f"{op}_ref"))
 
 

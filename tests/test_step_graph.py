@@ -17,6 +17,7 @@ import convs2s
 import convs2s.decoder as decoder_module
 import convs2s.step_graph as step_graph
 import convs2s_kernels as ck
+from convs2s_kernels.internal import trusted_indices
 from convs2s.step_graph import OpRecorder, StepGraph, StepGraphError, recorder_factory
 from harness import require_or_skip
 from test_host_reads import HostReads
@@ -213,7 +214,7 @@ def test_a_recorded_search_keeps_its_counters_and_checks_its_step(model):
     src = torch.tensor([s + [2] for s in SOURCES])
     options = gen._SearchOptions(3, 0.0, 22, 1, 1.0, 0.0, cuda_graph="record-ops")
     search = gen._BeamSearch(model, src, options, torch.tensor(FORCED))
-    with ck.trusted_indices():
+    with trusted_indices():
         for step in range(12):
             if step > 0:
                 search.recorded_step(step)

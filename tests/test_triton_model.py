@@ -148,11 +148,11 @@ def test_warmup_tunes_every_key_decoding_meets(triton_calls, autotune_keys):
                   decoder_attention="True").to(DEVICE)
     model.use_backend("triton")
     sources = [[5] * 2, [6] * 16, [6] * 16, [7] * 31] + [[8] * 39] * 3 + [[9] * 20] * 16
-    assert model.warmup(max_source_length=16, beam=2) == [1, 15, 16]
+    assert convs2s.warmup(model, max_source_length=16, beam=2) == [1, 15, 16]
     short_warmup = set(autotune_keys)
     autotune_keys.clear()
-    assert model.warmup(max_source_length=40, beam=2, fold_attention=True) == [1, 15, 16, 31, 32, 40]
-    model.warmup(max_source_length=40, beam=2)
+    assert convs2s.warmup(model, max_source_length=40, beam=2, fold_attention=True) == [1, 15, 16, 31, 32, 40]
+    convs2s.warmup(model, max_source_length=40, beam=2)
     warmed = set(autotune_keys)
     autotune_keys.clear()
     for fold in (False, True):
@@ -162,7 +162,7 @@ def test_warmup_tunes_every_key_decoding_meets(triton_calls, autotune_keys):
     assert met <= warmed, f"met only while decoding: {sorted(met - warmed)}"
     assert not met <= short_warmup  # the check can fail: warming up to 16 tokens misses the longer buckets
     with pytest.raises(ValueError, match="drop max_len_b"):
-        model.warmup(max_source_length=16, max_len_b=3)
+        convs2s.warmup(model, max_source_length=16, max_len_b=3)
 
 
 def test_warmup_covers_every_bucket_and_specialization():

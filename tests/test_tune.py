@@ -441,7 +441,7 @@ def test_an_unwritable_cache_warns_and_keeps_the_choice_for_this_process(fresh, 
 
 
 def test_the_environment_report_says_what_is_measured(fresh, monkeypatch):
-    from convs2s_kernels.env import kernel_choice_line
+    from convs2s_kernels.report import kernel_choice_line
 
     assert kernel_choice_line().startswith("kernel choice: nothing measured here yet")
     monkeypatch.setattr(tune, "measure", _fake_measure([]))

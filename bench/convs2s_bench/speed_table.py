@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from convs2s.atomic import atomic_write_text
+from convs2s.generate import warmup
 from convs2s.errors import Convs2sError
 
 from .estimate import (Batch, BatchTiming, TRUNCATED_LENGTH, estimate, full_set_batches, sample_batches,
@@ -148,7 +149,7 @@ def _time_all(model, work: Workload, beam, config, progress):
 
 def _warm_up(models: Models, work: Workload, batches, configs, beams) -> None:
     """Every (configuration, beam): one short decoding per autotune bucket of the source lengths
-    to be timed (``ConvS2SModel.warmup``: on a GPU every Triton kernel tuned and compiled), then
+    to be timed (``convs2s.warmup``: on a GPU every Triton kernel tuned and compiled), then
     the largest and the smallest of the batches, cut short: first calls allocate, pack weights,
     pick kernels and tune, and none of that belongs in a timing."""
     ends = [max(range(len(batches)), key=lambda i: (batches[i].size, batches[i].src_len)),
@@ -157,8 +158,8 @@ def _warm_up(models: Models, work: Workload, batches, configs, beams) -> None:
     for config in configs:
         model = models.get(config)
         for beam in beams:
-            model.warmup(max_source_length=min(longest, min(model.max_positions())), beam=beam,
-                         fold_attention=config.decoder == "folded", cuda_graph=None if work.cuda_graph else False)
+            warmup(model, max_source_length=min(longest, min(model.max_positions())), beam=beam,
+                   fold_attention=config.decoder == "folded", cuda_graph=None if work.cuda_graph else False)
             for j in ends:
                 time_batch(model, work, batches[j], beam, config, cut=1)
 

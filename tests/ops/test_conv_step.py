@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import convs2s_kernels as ck
+from convs2s_kernels.internal import indices_trusted, trusted_indices
 from convs2s_kernels.testing import assert_close
 from harness import DTYPES, FAST_BACKENDS, conv_weight, repeated_parents, runnable, step_inputs
 
@@ -187,13 +188,13 @@ def test_trusted_indices_skip_the_host_read_of_the_range_check():
     try:
         ck.conv_step(x_t, state, w, b, parents, backend="reference")
         checked = len(calls)
-        with ck.trusted_indices():
-            assert ck.indices_trusted()
+        with trusted_indices():
+            assert indices_trusted()
             out, _ = ck.conv_step(x_t, state, w, b, parents, backend="reference")
             with pytest.raises(TypeError, match="int32 or int64"):
                 ck.conv_step(x_t, state, w, b, parents.float(), backend="reference")
     finally:
         torch.Tensor.min = real_min
     assert checked == 1 and len(calls) == 1, calls
-    assert not ck.indices_trusted()
+    assert not indices_trusted()
     torch.testing.assert_close(out, ck.conv_step_ref(x_t, state, w, b, parents)[0])

@@ -7,7 +7,7 @@ Everything of the op is in this folder:
 * ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/attention_cpu.cpp``);
 * ``triton.py`` / ``triton_kernels.py``: the Triton backend (GPU; CPU under the interpreter).
 
-Tests: ``tests/ops/test_attention_embsum.py``; benchmark: ``bench/test_bench_attention.py``.
+Tests: ``tests/ops/test_attention_embsum.py``; benchmark: ``bench/test_bench_attention_embsum.py``.
 """
 
 from ...dispatch import register
