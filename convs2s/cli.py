@@ -91,9 +91,11 @@ def _check_translation_options(args) -> None:
     if args.fairseq_checkpoint is None:
         raise Convs2sError("give a model with --fairseq-checkpoint PATH (and --fairseq-dicts DIR if the "
                            "dictionaries are not beside it)")
-    from .compute_type import candidates_for
+    from .compute_type import DECODE_ENV, candidates_for
 
     candidates_for(args.compute_type)  # an unknown compute type, named
+    if os.environ.get(DECODE_ENV, "auto") != "auto":
+        candidates_for(os.environ[DECODE_ENV])
     try:
         ck.requested_backends(args.backend)
     except ValueError as exc:
@@ -229,8 +231,8 @@ def cmd_average_checkpoints(args) -> int:
     from .average import last_epoch_checkpoints, write_average
 
     if bool(args.inputs) == bool(args.folder):
-        raise Convs2sError("give the checkpoints to average (--inputs A B ...) or a folder (--folder DIR with "
-                           "--num-epoch-checkpoints N), not both")
+        raise Convs2sError("give either the checkpoints to average (--inputs A B ...) or a folder (--folder DIR "
+                           "with --num-epoch-checkpoints N)")
     paths = args.inputs or last_epoch_checkpoints(args.folder, args.num_epoch_checkpoints)
     out = write_average(paths, args.output, trust_pickle=args.trust_pickle)
     print(f"{out}: the mean of {len(paths)} checkpoints ({', '.join(Path(p).name for p in paths)})")

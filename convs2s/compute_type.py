@@ -25,6 +25,7 @@ import json
 import os
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -36,6 +37,8 @@ COMPUTE_TYPES = ("auto", "fp32", "bf16", "int8")
 DECODE_ENV = "CONVS2S_COMPUTE_TYPE"
 TRAIN_ENV = "CONVS2S_PRECISION"
 CACHE_PREFIX = "compute-type"
+OFF = ("nothing cached, and measuring is off here (CONVS2S_TUNE=0, or several processes: run once with one "
+       "process to measure)")
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,8 @@ def load_cached(entry: str) -> Optional[dict]:
         if data.get("key") != key:
             return None
         e = data["entries"][entry]
-        if not (isinstance(e, dict) and isinstance(e.get("choice"), str) and isinstance(e.get("seconds"), dict)):
+        if not (isinstance(e, dict) and isinstance(e.get("choice"), str) and isinstance(e.get("seconds"), dict)
+                and isinstance(e.get("why"), str)):
             return None
         return e
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -150,16 +154,19 @@ def save_cached(entry: str, value: dict) -> None:
     from convs2s_kernels.atomic_files import atomic_write_text
 
     path, key = _cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            data = json.loads(path.read_text())
-            entries = data["entries"] if data.get("key") == key and isinstance(data.get("entries"), dict) else {}
-        except (OSError, ValueError, KeyError, TypeError):
-            entries = {}
-        entries[entry] = value
-        atomic_write_text(path, json.dumps(dict(key=key, entries=entries), indent=1, sort_keys=True))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                data = json.loads(path.read_text())
+                entries = data["entries"] if data.get("key") == key and isinstance(data.get("entries"), dict) else {}
+            except (OSError, ValueError, KeyError, TypeError):
+                entries = {}
+            entries[entry] = value
+            atomic_write_text(path, json.dumps(dict(key=key, entries=entries), indent=1, sort_keys=True))
+    except OSError as exc:  # a read-only or full cache: the answer still holds for this process
+        warnings.warn(f"could not save the compute-type choice to {path} ({exc}); it will be measured again next time")
 
 
 # --- timing ---------------------------------------------------------------------------------------------
@@ -179,10 +186,13 @@ def time_interleaved(fns: Dict[str, Callable[[], object]], rounds: int = 3,
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def pick(seconds: Dict[str, List[float]], order: Sequence[str]) -> Tuple[str, str]:
+MARGIN = 0.03  # a candidate leaves the first (fp32, the exact one) only when at least 3% faster: not for noise
+
+
+def pick(seconds: Dict[str, List[float]], order: Sequence[str], margin: float = MARGIN) -> Tuple[str, str]:
     """The candidate with the smallest geometric mean of its times relative to the first
-    candidate's (each shape counts alike, whatever its absolute time); ties go to the earlier
-    in ``order``. Returns (name, why: the measured times)."""
+    candidate's (each shape counts alike, whatever its absolute time), the first unless another
+    beats it by ``margin``; ties go to the earlier in ``order``. Returns (name, why: the times)."""
     base = seconds[order[0]]
 
     def score(name: str) -> float:
@@ -190,6 +200,8 @@ def pick(seconds: Dict[str, List[float]], order: Sequence[str]) -> Tuple[str, st
         return statistics.geometric_mean(ratios) if all(r > 0 for r in ratios) else float("inf")
 
     best = min(order, key=lambda n: (score(n), order.index(n)))
+    if score(best) > 1 - margin:
+        best = order[0]
     shown = ", ".join(f"{n} " + "/".join(f"{t * 1e3:.1f}" for t in seconds[n]) + " ms" for n in order)
     return best, f"measured {shown}"
 
@@ -209,6 +221,15 @@ def _decode_workload(model, beam: int) -> List[Tuple[List[List[int]], int]]:
     return [([[word] * S], 6), ([[word] * S] * 16, 6)]
 
 
+def _copy_for(model, variant: Variant):
+    """A copy of ``model`` to time ``variant`` on: its own parameters where the variant changes
+    their dtype, else the caller's float32 parameters shared (an int8 variant only derives its own
+    weights from them), so timing seven int8 variants holds one float model, not seven."""
+    if variant.dtype == next(model.parameters()).dtype:
+        return copy.deepcopy(model, memo={id(p): p for p in model.parameters()})
+    return copy.deepcopy(model)
+
+
 def measure_decoding(model, names: Sequence[str], *, beam: int = 5, fold_attention: bool = True,
                      rounds: int = 3) -> Dict[str, List[float]]:
     """Each variant's time (seconds) to decode the few-row and the many-row workload with
@@ -216,9 +237,9 @@ def measure_decoding(model, names: Sequence[str], *, beam: int = 5, fold_attenti
     from .generate import generate
 
     work = _decode_workload(model, beam)
-    models = {n: apply_variant(copy.deepcopy(model), n) for n in names}
+    models = {n: apply_variant(_copy_for(model, VARIANTS[n]), n) for n in names}
     out: Dict[str, List[float]] = {n: [] for n in names}
-    with torch.inference_mode():
+    with torch.no_grad():  # as generate runs
         for sources, steps in work:
             def run(m=None, sources=sources, steps=steps):
                 generate(m, sources, beam=beam, batch_size=len(sources), forced_length=[steps] * len(sources),
@@ -228,6 +249,14 @@ def measure_decoding(model, names: Sequence[str], *, beam: int = 5, fold_attenti
             for n in names:
                 out[n].append(medians[n])
     return out
+
+
+def _device_name(device: torch.device) -> str:
+    """The device in a cache entry: the CPU is the machine key's; a GPU is named (two GPUs behind
+    one CPU model do not share an answer)."""
+    if device.type != "cuda":
+        return device.type
+    return f"cuda:{torch.cuda.get_device_name(device)}:{torch.version.cuda}"
 
 
 def _measuring_allowed() -> bool:
@@ -243,25 +272,30 @@ def choose_decoding(model, compute_type: str = "auto", *, beam: int = 5, fold_at
     candidates (``auto``: fp32, bf16; ``int8``: the int8 variants) or read from the cache;
     ``CONVS2S_COMPUTE_TYPE`` overrides ``auto``. ``measure`` replaces the timing (tests)."""
     env = os.environ.get(DECODE_ENV)
-    if compute_type == "auto" and env:
-        candidates_for(env)  # an unknown value is an error, named
-        if env != "auto":
-            return Choice(env, {}, f"{DECODE_ENV}={env}")
-    names = candidates_for(compute_type)
     device = next(model.parameters()).device
+    if compute_type == "auto" and env and env != "auto":
+        if env == "int8":  # the fastest int8 variant, as --compute-type int8
+            choice = choose_decoding(model, "int8", beam=beam, fold_attention=fold_attention, remeasure=remeasure,
+                                     measure=measure)
+            return Choice(choice.name, choice.seconds, f"{DECODE_ENV}=int8, {choice.why}", choice.cached)
+        candidates_for(env)  # an unknown value is an error, named
+        if ruled_out(env, device):
+            raise Convs2sError(f"{DECODE_ENV}={env} cannot run here: {ruled_out(env, device)}")
+        return Choice(env, {}, f"{DECODE_ENV}={env}")
+    names = candidates_for(compute_type)
     names = [n for n in names if ruled_out(n, device) is None]
     if not names:
         raise Convs2sError(f"compute type {compute_type!r} cannot run on {device.type}: "
                            f"{ruled_out(candidates_for(compute_type)[0], device)}")
     if len(names) == 1:
         return Choice(names[0], {}, "the only candidate here" if compute_type in ("auto", "int8") else "asked for")
-    entry = f"decode:{device.type}:{model_signature(model)}:beam{beam}:{'folded' if fold_attention else 'plain'}:" \
-            + ",".join(names)
+    entry = f"decode:{_device_name(device)}:{model.backend or 'auto'}:{model_signature(model)}:beam{beam}:" \
+            f"{'folded' if fold_attention else 'plain'}:" + ",".join(names)
     cached = None if remeasure else load_cached(entry)
     if cached is not None and cached["choice"] in names:
         return Choice(cached["choice"], cached["seconds"], cached["why"], cached=True)
     if measure is None and not _measuring_allowed():
-        return Choice(names[0], {}, "measuring is off (CONVS2S_TUNE=0) and nothing is cached")
+        return Choice(names[0], {}, OFF)
     seconds = (measure or measure_decoding)(model, names, beam=beam, fold_attention=fold_attention)
     name, why = pick(seconds, names)
     why = f"{why} for a {beam}-row and a {16 * beam}-row decoding"
@@ -283,6 +317,8 @@ def measure_training(channels: int, kernel: int, tokens: int, device: torch.devi
     w = (torch.randn(kernel, channels, 2 * channels, generator=g) / (kernel * channels) ** 0.5).to(device)
     w.requires_grad_()
     b = torch.zeros(2 * channels, device=device, requires_grad=True)
+
+    backend = backend if backend in (None, "auto", "reference") else f"{backend},reference"  # as the model falls back
 
     def step(bf16: bool):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -312,12 +348,12 @@ def choose_training(precision: str, device: torch.device, *, channels: int, kern
         return Choice(precision, {}, "asked for")
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return Choice("fp32", {}, "this GPU has no bf16")
-    entry = f"train:{device.type}:{backend or 'auto'}:conv_glu:{channels}x{kernel}:{tokens}"
+    entry = f"train:{_device_name(device)}:{backend or 'auto'}:conv_glu:{channels}x{kernel}:{tokens}"
     cached = None if remeasure else load_cached(entry)
     if cached is not None and cached["choice"] in ("fp32", "bf16"):
         return Choice(cached["choice"], cached["seconds"], cached["why"], cached=True)
     if measure is None and not _measuring_allowed():
-        return Choice("fp32", {}, "measuring is off (CONVS2S_TUNE=0) and nothing is cached")
+        return Choice("fp32", {}, OFF)
     seconds = (measure or measure_training)(channels, kernel, tokens, device, backend)
     name, why = pick(seconds, ["fp32", "bf16"])
     why = f"{why} for a conv+GLU layer's forward+backward ({channels} channels, k={kernel}, {tokens} tokens)"

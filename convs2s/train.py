@@ -398,8 +398,8 @@ class Trainer:
             self.save("checkpoint_last.pt")
 
     def _keep_epoch_checkpoint(self) -> None:
-        """fairseq's --keep-last-epochs: checkpoint<epoch>.pt for the epoch just finished, the
-        oldest beyond the last N removed (only those this run's numbering wrote)."""
+        """fairseq's --keep-last-epochs: checkpoint<epoch>.pt for the epoch just finished, and every
+        checkpoint<M>.pt of the save folder older than the last N epochs removed."""
         done = self.progress.epoch - 1
         self.save(f"checkpoint{done}.pt")
         if self.info.is_main:

@@ -31,8 +31,9 @@ def report() -> str:
         f"cpu: {cpu_model()}, CUDA available: {torch.cuda.is_available()}",
         f"instruction sets: {', '.join(instruction_sets()) or 'unknown'}"
         + (f" (capped: {', '.join(f'{k}={v}' for k, v in isa_caps().items())})" if isa_caps() else ""),
-        "bf16: " + (f"native ({native_bf16()})" if native_bf16() else
-                    "not native (no AVX512-BF16/AMX, or capped): bf16 is widened to float32, slower than fp32 math"),
+        "bf16 dot products: " + (f"native ({native_bf16()})" if native_bf16() else
+                                 "not native (no AVX512-BF16/AMX, or capped); which format is faster here is "
+                                 "measured per model (convs2s --compute-type auto)"),
         "math libraries: " + (", ".join(f"{k} {v}" for k, v in math_libraries().items()) or "unknown"),
     ]
     if torch.cuda.is_available():
@@ -49,9 +50,9 @@ def report() -> str:
     if small_gemm_isa() is not None:
         lines.append(f"cpp few-row kernels: {small_gemm_isa()}")
         isa = int8_kernel_isa()
-        seven = ("; 7-bit activations (--int7): 3 instructions per 32 multiply-adds instead of 4 in the packed "
+        seven = ("; 7-bit activations (int7 compute types): 3 instructions per 32 multiply-adds instead of 4 in the packed "
                  "kernel (the packed int8 weights of a quantised decoder or encoder), the reducing one as with 8 bits"
-                 if isa == "avx2" else "; 7-bit activations (--int7) are no faster here, only coarser")
+                 if isa == "avx2" else "; 7-bit activations (int7 compute types) are no faster here, only coarser")
         lines.append(f"cpp int8 x int8 kernels (linear_w8a8): {isa}" + (seven if isa != "baseline" else ""))
         lines.append(kernel_choice_line())
     lines.append("backends:")

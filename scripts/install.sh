@@ -15,12 +15,12 @@ fi
 # The package and its C++ build are reused while nothing they are made from changed (the sources,
 # the build files, torch, python, the switches): scripts/test.sh runs this again, and a rebuild
 # costs 4-12 minutes on 2 cores.
-fingerprint=$( { cat csrc/* setup.py pyproject.toml; "$PY" -c "import sys, torch; print(sys.version, torch.__version__)";
+fingerprint=$( { cat csrc/* setup.py pyproject.toml; "$PY" -c "import sys, torch; print(sys.version, sys.prefix, torch.__version__)";
                  echo "${CONVS2S_KERNELS_SKIP_CPP_BUILD:-}"; } | sha256sum | cut -c1-16)
 stamp=build/install-fingerprint
-if [ "$(cat "$stamp" 2>/dev/null)" = "$fingerprint" ] && "$PY" -c "
+if [ "$(cat "$stamp" 2>/dev/null)" = "$fingerprint" ] && "$PY" -I -c "
 import os, sys, convs2s, convs2s_kernels
-ok = os.path.dirname(os.path.dirname(os.path.abspath(convs2s.__file__))) == os.getcwd()
+ok = os.path.dirname(os.path.dirname(os.path.abspath(convs2s.__file__))) == os.getcwd()  # this folder's
 sys.exit(0 if ok and (convs2s_kernels.extension._C is not None or os.environ.get('CONVS2S_KERNELS_SKIP_CPP_BUILD') == '1') else 1)
 " 2>/dev/null; then
     echo "convs2s: installed from this folder and built from these sources already (fingerprint $fingerprint)"

@@ -44,6 +44,9 @@ def test_pick_takes_the_smallest_geometric_mean_of_ratios_and_ties_go_first():
     # each shape counts alike: a 2x loss on the small one outweighs a 1.5x gain on the large one
     assert ct.pick({"fp32": [1.0, 100.0], "bf16": [2.0, 66.7]}, ["fp32", "bf16"])[0] == "fp32"
     assert ct.pick({"fp32": [1.0], "bf16": [1.0]}, ["fp32", "bf16"])[0] == "fp32"
+    # fp32 is left only for a lead beyond noise (3%)
+    assert ct.pick({"fp32": [1.0, 10.0], "bf16": [0.99, 9.8]}, ["fp32", "bf16"])[0] == "fp32"
+    assert ct.pick({"fp32": [1.0, 10.0], "bf16": [0.95, 9.5]}, ["fp32", "bf16"])[0] == "bf16"
     assert "fp32 1000.0 ms, bf16 2000.0 ms" in ct.pick({"fp32": [1.0], "bf16": [2.0]}, ["fp32", "bf16"])[1]
 
 
@@ -83,6 +86,22 @@ def test_the_choice_is_cached_per_model_shape_and_remeasured_on_request(model):
     assert len(files) == 1 and len(json.loads(files[0].read_text())["entries"]) == 3
 
 
+def test_each_backend_has_its_own_answer(model):
+    fake = FakeTimes(fp32=[1.0, 10.0], bf16=[0.5, 5.0])
+    ct.choose_decoding(model.use_backend("reference"), "auto", measure=fake)
+    assert not ct.choose_decoding(model.use_backend("cpp"), "auto", measure=fake).cached and len(fake.calls) == 2
+    assert ct.choose_decoding(model.use_backend("reference"), "auto", measure=fake).cached
+
+
+def test_an_unwritable_cache_warns_and_keeps_the_answer(model, monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("CONVS2S_TUNE_CACHE", str(blocked / "cache"))
+    with pytest.warns(UserWarning, match="could not save the compute-type choice"):
+        choice = ct.choose_decoding(model, "auto", measure=FakeTimes(fp32=[1.0, 10.0], bf16=[0.5, 5.0]))
+    assert choice.name == "bf16"
+
+
 def test_a_new_machine_key_measures_again(model, monkeypatch):
     from convs2s_kernels import tune_cache
 
@@ -110,6 +129,10 @@ def test_environment_overrides_auto_and_bad_names_are_one_line_errors(model, mon
     choice = ct.choose_decoding(model, "auto", measure=fake)
     assert choice.name == "fp32" and f"{ct.DECODE_ENV}=fp32" in choice.why and not fake.calls
     assert ct.choose_decoding(model, "bf16", measure=fake).name == "bf16"  # an explicit type wins over it
+    monkeypatch.setenv(ct.DECODE_ENV, "int8")  # as --compute-type int8: the fastest int8 variant
+    fake.seconds.update({n: [0.2, 2.0] for n in ct.INT8_VARIANTS}, int7=[0.1, 1.0])
+    choice = ct.choose_decoding(model, "auto", measure=fake)
+    assert choice.name == "int7" and choice.why.startswith(f"{ct.DECODE_ENV}=int8, measured")
     monkeypatch.setenv(ct.DECODE_ENV, "fp12")
     with pytest.raises(Convs2sError, match="unknown compute type 'fp12'"):
         ct.choose_decoding(model, "auto", measure=fake)
@@ -150,11 +173,18 @@ def test_measured_end_to_end_on_this_machine(model, monkeypatch, backend):
     monkeypatch.setenv("CONVS2S_TUNE", "1")
     model.use_backend(backend)
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = lambda: [(m.use_int8, m.int8_activation_bits) for m in model.modules() if hasattr(m, "use_int8")]  # noqa: E731
+    flags_before = flags()
     choice = ct.choose_decoding(model, "auto", beam=2)
     assert set(choice.seconds) == {"fp32", "bf16"} and all(len(t) == 2 and min(t) > 0 for t in choice.seconds.values())
     assert choice.name == ct.pick(choice.seconds, ["fp32", "bf16"])[0]
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-    assert next(model.parameters()).dtype == torch.float32
+    assert next(model.parameters()).dtype == torch.float32 and model.backend == f"{backend},reference" \
+        if backend != "reference" else model.backend == "reference"
+    assert flags() == flags_before
+    int8 = ct.choose_decoding(model, "int8", beam=2)  # seven int8 variants timed on copies sharing the weights
+    assert int8.name in ct.INT8_VARIANTS and set(int8.seconds) == set(ct.INT8_VARIANTS)
+    assert flags() == flags_before and all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     assert ct.choose_decoding(model, "auto", beam=2).cached
 
 
@@ -173,9 +203,13 @@ def test_training_choice_measured_end_to_end_and_cached(monkeypatch):
 
 
 def test_time_interleaved_alternates_the_order_and_takes_medians():
-    order = []
-    ticks = iter(range(1000))
-    out = ct.time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=3,
-                              clock=lambda: next(ticks))
+    order, now = [], [0.0]
+    cost = {"a": iter([0, 5.0, 1.0, 2.0]), "b": iter([0, 9.0, 3.0, 4.0])}  # the warm-up's, then each round's
+
+    def run(name):
+        order.append(name)
+        now[0] += next(cost[name])
+
+    out = ct.time_interleaved({"a": lambda: run("a"), "b": lambda: run("b")}, rounds=3, clock=lambda: now[0])
     assert order == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then rounds in alternating order
-    assert out == {"a": 1, "b": 1}
+    assert out == {"a": 2.0, "b": 4.0}  # medians of (5, 1, 2) and (9, 3, 4)

@@ -1,4 +1,5 @@
-"""The READMEs' quoted tables are the committed results, not numbers typed by hand."""
+"""The READMEs' quoted tables are rendered from the committed results and bench/results/index.json,
+not typed into the READMEs."""
 
 import json
 
@@ -19,6 +20,7 @@ def test_every_indexed_table_exists_and_has_both_beams_of_both_rows():
     index = ri.load_index()
     for machine, date, ref, fast in ri.main_job_rows(index):
         assert set(ref) == set(fast) == {1, 5}, machine
+        assert len({(r["backend"], r["decoder"], r["dtype"]) for r in fast.values()}) == 1, machine
         assert all(r["seconds"] > 0 for r in (*ref.values(), *fast.values()))
     dates = [e["measured"] for e in index["main_job"] + index["durations"]]
     assert all(len(d) == 10 and d[4] == d[7] == "-" for d in dates)

@@ -344,6 +344,11 @@ def test_auto_is_resolved_on_the_model_by_the_measured_choice():
                                                      seconds={"fp32": [1.0], "bf16": [1.0]})}
         assert model.backend is None  # restored
     assert asked == [("auto", 5, True, "cpp,reference")] * 2
+    from convs2s_bench.speed_table import SpeedTableError
+
+    with pytest.raises(SpeedTableError, match="auto chose int7e .* which the speed table does not time"):
+        resolve_auto([Config("cpp", "folded", "auto")], model, torch.device("cpu"), [1], log=lambda m: None,
+                     choose=lambda m, t, **kw: Choice("int7e", {}, "CONVS2S_COMPUTE_TYPE=int7e"))
 
 
 def _row(backend, dtype, beam, seconds, spread, auto=False):

@@ -226,6 +226,7 @@ def test_translate_int8_takes_the_measured_fastest_variant(fixture_dir, tmp_path
 
     monkeypatch.setattr(ct, "measure_decoding", fake)
     monkeypatch.setenv("CONVS2S_TUNE", "1")
+    monkeypatch.setenv("CONVS2S_TUNE_CACHE", str(tmp_path / "cache"))  # measured here, not read
     src = tmp_path / "in.txt"
     src.write_text(fixture_lines(fixture_dir)[0] + "\n")
     assert main(["translate", "--fairseq-checkpoint", str(fixture_dir / "checkpoint.pt"), "--input", str(src),
@@ -235,8 +236,14 @@ def test_translate_int8_takes_the_measured_fastest_variant(fixture_dir, tmp_path
 
 
 @pytest.mark.parametrize("bad", ["int4", "fp16x", "auto8"])
-def test_unknown_compute_types_are_refused_before_loading(bad, capsys):
+def test_unknown_compute_types_are_refused_before_loading(bad, capsys, monkeypatch, tmp_path):
     assert main(["translate", "--fairseq-checkpoint", "never-read.pt", "--compute-type", bad]) == 2
     assert f"unknown compute type {bad!r}" in one_line_error(capsys)
+    out = tmp_path / "out.txt"
+    out.write_text("yesterday's translations\n")
+    monkeypatch.setenv("CONVS2S_COMPUTE_TYPE", bad)  # the environment's, before --output is emptied
+    assert main(["translate", "--fairseq-checkpoint", "never-read.pt", "--output", str(out)]) == 2
+    assert f"unknown compute type {bad!r}" in one_line_error(capsys)
+    assert out.read_text() == "yesterday's translations\n"
 
 

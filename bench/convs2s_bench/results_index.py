@@ -33,10 +33,19 @@ def main_job_rows(index: dict, results: Path = RESULTS) -> List[Tuple[str, str, 
     out = []
     for entry in index["main_job"]:
         rows = json.loads((results / entry["table"]).read_text())["rows"]
+        for side in (True, False):
+            configs = {_config(r) for r in rows if (r["backend"] == "reference") == side}
+            if len(configs) != 1:
+                raise ValueError(f"{entry['table']}: expected one {'reference' if side else 'fast'} configuration, "
+                                 f"found {sorted(configs)}")
         ref = _pair(rows, lambda r: r["backend"] == "reference")
         fast = _pair(rows, lambda r: r["backend"] != "reference")
         out.append((entry["machine"], entry["measured"], ref, fast))
     return out
+
+
+def _config(row: dict) -> str:
+    return f"{row['backend']} {row['decoder']} {row['dtype']}"
 
 
 def _secs(x: float) -> str:
@@ -45,16 +54,15 @@ def _secs(x: float) -> str:
 
 def main_job_table(index: Optional[dict] = None, results: Path = RESULTS) -> str:
     index = index or load_index(results)
-    lines = ["| machine | measured | reference (s), beam 1 / 5 | `auto` row | its time (s), beam 1 / 5 "
-             "| speed-up, beam 1 / 5 |", "|---|---|---|---|---|---|"]
+    lines = ["| machine | measured | reference row: seconds at beam 1 / 5 | fast row: seconds at beam 1 / 5 "
+             "| speed-up, beam 1 / 5 |", "|---|---|---|---|---|"]
     for machine, date, ref, fast in main_job_rows(index, results):
         beams = sorted(set(ref) & set(fast))
-        one = fast[beams[0]]
-        name = f"{one['backend']} {one['decoder']} {one['dtype']}"
         ref_s = " / ".join(_secs(ref[b]["seconds"]) for b in beams)
         fast_s = " / ".join(_secs(fast[b]["seconds"]) for b in beams)
         ratios = " / ".join(f"{ref[b]['seconds'] / fast[b]['seconds']:.2f}x" for b in beams)
-        lines.append(f"| {machine} | {date} | {ref_s} | {name} | {fast_s} | {ratios} |")
+        lines.append(f"| {machine} | {date} | {_config(ref[beams[0]])}: {ref_s} | {_config(fast[beams[0]])}: "
+                     f"{fast_s} | {ratios} |")
     return "\n".join(lines)
 
 

@@ -263,6 +263,9 @@ def resolve_auto(configs: Sequence[Config], model, device: torch.device, beams: 
                                 remeasure=remeasure)
             finally:
                 model.backend = was
+            if choice.name not in DTYPES:  # e.g. CONVS2S_COMPUTE_TYPE naming an encoder variant
+                raise SpeedTableError(f"auto chose {choice.name} ({choice.why}), which the speed table does not time; "
+                                      f"it times {', '.join(DTYPES)}")
             c = replace(c, dtype=choice.name)
             chosen[c.name] = dict(choice=choice.name, why=choice.why, cached=choice.cached, seconds=choice.seconds)
             log(f"auto ({c.backend} {c.decoder}): {choice.name} ({choice.why}{'; cached' if choice.cached else ''})")

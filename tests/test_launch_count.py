@@ -1,0 +1,59 @@
+"""The launch counter of issue 50: what a decoding step would launch on a GPU, counted on the CPU."""
+
+import os
+
+import pytest
+import torch
+
+import convs2s
+from convs2s_bench.launch_count import Counts, count_generation, format_step, kind, steady_step
+
+aten = torch.ops.aten
+TINY = dict(encoder_embed_dim=16, decoder_embed_dim=16, decoder_out_embed_dim=16,
+            encoder_layers="[(16, 3)] * 2", decoder_layers="[(16, 3)] * 3", dropout=0.0)
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return convs2s.build_model("fconv", 30, 30, **TINY).fold_weight_norm().eval()
+
+
+def test_kinds():
+    assert kind(aten.view.default) == kind(aten.t.default) == kind(aten.detach.default) == "view"
+    assert kind(aten.empty.memory_format) == kind(aten.empty_strided.default) == "alloc"
+    assert kind(aten.clone.default) == kind(aten.copy_.default) == kind(aten._to_copy.default) == "copy"
+    assert kind(aten.mm.default) == kind(aten.topk.default) == kind(aten.fill_.Scalar) == "kernel"
+
+
+def test_every_steady_step_launches_the_same_and_the_counts_add_up(model):
+    counts = count_generation(model, [[5, 6, 7, 8]] * 2, beam=3, steps=5, backend="reference")
+    per_step = counts.per_step()
+    steady = [per_step[s] for s in range(1, 5)]
+    assert len(set(steady)) == 1 and steady[0] > 0  # the same ops every step
+    step, records = steady_step(counts)
+    assert sum(n for (_, k, _), n in records.items() if k != "view" and k != "alloc") == per_step[step]
+    table = format_step(records)
+    assert table.splitlines()[-1].startswith("| **step** |") and "generate." in table
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton kernels run in the interpreter here")
+def test_triton_launches_are_counted_once_each_and_the_interpreters_own_work_not_at_all(model):
+    import convs2s_kernels as ck
+
+    if ck.available_backends()["triton"] is not None:
+        pytest.fail(f"triton is required here: {ck.available_backends()['triton']}")
+    counts = count_generation(model, [[5, 6, 7, 8]] * 2, beam=3, steps=4, backend="triton,reference")
+    step, records = steady_step(counts)
+    launches = {op: n for (_, k, op), n in records.items() if k == "triton"}
+    assert launches == {"_conv_step_fwd_kernel": 3}  # one per decoder layer
+    reference = count_generation(model, [[5, 6, 7, 8]] * 2, beam=3, steps=4, backend="reference")
+    # each layer's conv step: one Triton launch in place of the reference's ATen kernels
+    assert counts.per_step()[step] < reference.per_step()[step]
+
+
+def test_the_decoding_step_launches_no_more_than_today(model):
+    """Issue 50's ceiling, to be lowered as the fused step lands (target: a few dozen kernels for
+    15 layers; today's count is the baseline in the closing note)."""
+    counts = count_generation(model, [[5, 6, 7, 8]] * 2, beam=3, steps=5, backend="reference")
+    assert Counts.per_step(counts)[3] <= 154  # 2026-11-26: 129 kernels and 25 copies (3 layers, reference ops)
