@@ -170,19 +170,28 @@ def save_cached(entry: str, value: dict) -> None:
 
 
 # --- timing ---------------------------------------------------------------------------------------------
-def time_interleaved(fns: Dict[str, Callable[[], object]], rounds: int = 3,
+SCREEN = 2.0  # after the first round, a candidate this many times slower than the fastest is not timed again
+
+
+def time_interleaved(fns: Dict[str, Callable[[], object]], rounds: int = 3, screen: float = SCREEN,
                      clock: Callable[[], float] = time.perf_counter) -> Dict[str, float]:
     """Each function's median over ``rounds``, the functions run in turn within each round (drift
-    hits every candidate alike); each is called once first, untimed (warm-up, kernel choice)."""
+    hits every candidate alike); each is called once first, untimed (warm-up, kernel choice). A
+    candidate ``screen`` times slower than the fastest in the first round keeps that one time: a
+    far slower one (bf16 emulated in software) costs one round, not all of them."""
     for fn in fns.values():
         fn()
     times: Dict[str, List[float]] = {name: [] for name in fns}
+    live = list(fns)
     for r in range(rounds):
-        order = list(fns) if r % 2 == 0 else list(reversed(fns))  # neither always goes first
+        order = live if r % 2 == 0 else list(reversed(live))  # neither always goes first
         for name in order:
             t0 = clock()
             fns[name]()
             times[name].append(clock() - t0)
+        if r == 0:
+            best = min(times[n][0] for n in live)
+            live = [n for n in live if times[n][0] <= screen * best]
     return {name: statistics.median(t) for name, t in times.items()}
 
 

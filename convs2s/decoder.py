@@ -61,9 +61,8 @@ class FoldedAttention:
         self.b_out = out.bias
         keys, values = inp.fold_int8(transposed=True), out.fold_int8()
         if keys is not None and values is not None:
-            # an int8 x int8 step folds in int8 too, quantised as its own projections are: whole
-            # capped w7a7e decodes 0.95x the time of a float fold, int7e at AVX-512 VNNI 0.94x
-            # (bench/results/amd-zen5-2c)
+            # an int8 x int8 step folds in int8 too, quantised as its own projections are (faster
+            # whole decodes: bench/results/amd-zen5-2c/README.md, "the attention fold in int8")
             self.z_in = ck.linear_w8a8(enc.z, keys[0], keys[1], packed=keys[2], backend=backend,
                                        **inp.int8_activation_options())
             self.y_out = ck.linear_w8a8(enc.y, values[0], values[1], packed=values[2], backend=backend,

@@ -124,8 +124,7 @@ class ConvS2SModel(nn.Module):
         :meth:`ConvTBCWeight.int8_sequence`). Training and anything with gradients keep float32.
         ``activations="float"`` is allowed but slow: past the few-row kernels' 64 rows,
         ``linear_int8`` turns each weight back into float32 per call. ``weight_bits`` as for the
-        decoder, but it costs more here: 7-bit encoder weights lost 0.81 BLEU on a Multi30k model
-        where the decoder's lost none (``bench/results/amd-zen5-2c/README.md``)."""
+        decoder, but 7 bits cost more BLEU here than there (``bench/results/amd-zen5-2c/README.md``)."""
         return self._quantize_int8(self.encoder, enabled, activations, weight_bits)
 
     def _quantize_int8(self, part: nn.Module, enabled: bool, activations: str, weight_bits: int) -> "ConvS2SModel":

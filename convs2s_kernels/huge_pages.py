@@ -2,8 +2,8 @@
 
 A step reads every decoder weight once (381 MB for fconv_wmt_en_fr) and nothing stays in cache
 between steps; on 4 KB pages the stream crosses a page every 4 KB (a TLB miss, and a hardware
-prefetcher that stops at the boundary). On huge pages, one AMD EPYC (Zen 5) VM, 2 threads, a sum
-over 25 MB tensors read 55 -> 90 GB/s (``bench/results/amd-zen5-2c``). The pages are advised
+prefetcher that stops at the boundary); on huge pages it streams faster
+(``bench/results/amd-zen5-2c/README.md``). The pages are advised
 (``madvise``), so the OS grants them where transparent huge pages are ``always`` or ``madvise``
 and the memory is ordinary elsewhere.
 """

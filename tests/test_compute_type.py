@@ -213,3 +213,16 @@ def test_time_interleaved_alternates_the_order_and_takes_medians():
     out = ct.time_interleaved({"a": lambda: run("a"), "b": lambda: run("b")}, rounds=3, clock=lambda: now[0])
     assert order == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then rounds in alternating order
     assert out == {"a": 2.0, "b": 4.0}  # medians of (5, 1, 2) and (9, 3, 4)
+
+
+def test_a_candidate_far_slower_in_the_first_round_is_timed_once():
+    order, now = [], [0.0]
+    cost = {"fast": iter([0, 1.0, 1.0, 1.0]), "slow": iter([0, 2.5, 2.5, 2.5])}
+
+    def run(name):
+        order.append(name)
+        now[0] += next(cost[name])
+
+    out = ct.time_interleaved({"fast": lambda: run("fast"), "slow": lambda: run("slow")}, rounds=3,
+                              clock=lambda: now[0])
+    assert order == ["fast", "slow", "fast", "slow", "fast", "fast"] and out == {"fast": 1.0, "slow": 2.5}
