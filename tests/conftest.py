@@ -73,3 +73,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def tiny_fconv(width: int, decoder_layers: int, vocab: int):
+    """A small fconv for decoding tests: 2 encoder layers and ``decoder_layers`` of ``width``
+    channels, kernel 3, weight norm folded, in eval mode, seeded."""
+    import convs2s
+
+    torch.manual_seed(0)
+    return convs2s.build_model("fconv", vocab, vocab, encoder_embed_dim=width, decoder_embed_dim=width,
+                               decoder_out_embed_dim=width, encoder_layers=f"[({width}, 3)] * 2",
+                               decoder_layers=f"[({width}, 3)] * {decoder_layers}", dropout=0.0
+                               ).fold_weight_norm().eval()

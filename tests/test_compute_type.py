@@ -10,14 +10,12 @@ import convs2s
 from convs2s import compute_type as ct
 from convs2s.errors import Convs2sError
 
-TINY = dict(encoder_embed_dim=32, decoder_embed_dim=32, decoder_out_embed_dim=32,
-            encoder_layers="[(32, 3)] * 2", decoder_layers="[(32, 3)] * 2", dropout=0.0)
+from conftest import tiny_fconv
 
 
 @pytest.fixture
 def model():
-    torch.manual_seed(0)
-    return convs2s.build_model("fconv", 40, 40, **TINY).fold_weight_norm().eval()
+    return tiny_fconv(32, 2, 40)
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +74,7 @@ def test_the_choice_is_cached_per_model_shape_and_remeasured_on_request(model):
     fake.seconds["bf16"] = [2.0, 20.0]
     assert ct.choose_decoding(model, "auto", measure=fake, remeasure=True).name == "fp32" and len(fake.calls) == 2
     assert ct.choose_decoding(model, "auto", measure=fake).name == "fp32"  # the new answer was saved
-    other = convs2s.build_model("fconv", 40, 40, **dict(TINY, decoder_layers="[(32, 3)] * 3")).eval()
+    other = tiny_fconv(32, 3, 40)
     ct.choose_decoding(other, "auto", measure=fake)
     assert len(fake.calls) == 3  # another shape is measured on its own
     # another beam or decoder is its own entry too

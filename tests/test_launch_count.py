@@ -5,18 +5,16 @@ import os
 import pytest
 import torch
 
-import convs2s
 from convs2s_bench.launch_count import Counts, count_generation, format_step, kind, steady_step
 
+from conftest import tiny_fconv
+
 aten = torch.ops.aten
-TINY = dict(encoder_embed_dim=16, decoder_embed_dim=16, decoder_out_embed_dim=16,
-            encoder_layers="[(16, 3)] * 2", decoder_layers="[(16, 3)] * 3", dropout=0.0)
 
 
 @pytest.fixture
 def model():
-    torch.manual_seed(0)
-    return convs2s.build_model("fconv", 30, 30, **TINY).fold_weight_norm().eval()
+    return tiny_fconv(16, 3, 30)
 
 
 def test_kinds():
