@@ -6,7 +6,6 @@ import json
 import pytest
 import torch
 
-import convs2s
 from convs2s import compute_type as ct
 from convs2s.errors import Convs2sError
 
