@@ -128,7 +128,7 @@ def _load_for_translation(args):
     choice = choose_decoding(model, args.compute_type, beam=args.beam, fold_attention=args.fold_attention,
                              remeasure=args.remeasure)
     if choice.seconds or choice.why.startswith(DECODE_ENV):  # a measured (or cached) choice, or the override
-        print(f"compute type: {choice.name} ({choice.why}{'; cached' if choice.cached else ''})", file=sys.stderr)
+        print(choice.line("compute type"), file=sys.stderr)
     apply_variant(model, choice.name)
     return model, src_dict, tgt_dict
 

@@ -117,54 +117,39 @@ class Choice:
 
 
 # --- the cache ------------------------------------------------------------------------------------------
-def _cache_key() -> Dict[str, object]:
-    from convs2s_kernels import tune_cache
-
-    return dict(tune_cache.machine_key(), kind=CACHE_PREFIX)
-
-
 def _cache_path():
+    """This machine's compute-type file beside the kernel choice's, under the same machine key."""
     from convs2s_kernels import tune_cache
 
-    key = _cache_key()
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return tune_cache.cache_dir() / f"{CACHE_PREFIX}-{digest}.json", key
+    key = dict(tune_cache.machine_key(), kind=CACHE_PREFIX)
+    return tune_cache.cache_path(key, kind=CACHE_PREFIX), key
+
+
+def _entries(path, key) -> Dict[str, dict]:
+    """The file's entries, or none when it is missing, unreadable or of another key."""
+    try:
+        data = json.loads(path.read_text())
+        ok = isinstance(data, dict) and data.get("key") == key and isinstance(data.get("entries"), dict)
+        return data["entries"] if ok else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def load_cached(entry: str) -> Optional[dict]:
-    """The cached measurement named ``entry`` for this machine, or None (missing, or unreadable)."""
-    path, key = _cache_path()
-    try:
-        data = json.loads(path.read_text())
-        if data.get("key") != key:
-            return None
-        e = data["entries"][entry]
-        if not (isinstance(e, dict) and isinstance(e.get("choice"), str) and isinstance(e.get("seconds"), dict)
-                and isinstance(e.get("why"), str)):
-            return None
-        return e
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+    """The cached measurement named ``entry`` for this machine, or None (missing, or malformed)."""
+    e = _entries(*_cache_path()).get(entry)
+    well_formed = isinstance(e, dict) and isinstance(e.get("choice"), str) and isinstance(e.get("seconds"), dict) \
+        and isinstance(e.get("why"), str)
+    return e if well_formed else None
 
 
 def save_cached(entry: str, value: dict) -> None:
     """Merge one entry into this machine's file, atomically and under a lock (two processes keep both)."""
-    import fcntl
-
-    from convs2s_kernels.atomic_files import atomic_write_text
+    from convs2s_kernels import tune_cache
 
     path, key = _cache_path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                data = json.loads(path.read_text())
-                entries = data["entries"] if data.get("key") == key and isinstance(data.get("entries"), dict) else {}
-            except (OSError, ValueError, KeyError, TypeError):
-                entries = {}
-            entries[entry] = value
-            atomic_write_text(path, json.dumps(dict(key=key, entries=entries), indent=1, sort_keys=True))
+        tune_cache.save_merged(path, key, {entry: value}, lambda: _entries(path, key))
     except OSError as exc:  # a read-only or full cache: the answer still holds for this process
         warnings.warn(f"could not save the compute-type choice to {path} ({exc}); it will be measured again next time")
 

@@ -17,7 +17,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -59,10 +59,11 @@ def cache_dir() -> Path:
     return Path(base) / "convs2s"
 
 
-def cache_path(key: Optional[Dict[str, object]] = None) -> Path:
+def cache_path(key: Optional[Dict[str, object]] = None, kind: str = "kernel-choice") -> Path:
+    """The file of ``kind`` (the kernel choice; ``convs2s.compute_type`` keeps its own) for ``key``."""
     key = key or machine_key()
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / f"kernel-choice-{digest}.json"
+    return cache_dir() / f"{kind}-{digest}.json"
 
 
 def load(key: Optional[Dict[str, object]] = None, quiet: bool = False) -> Dict[str, dict]:
@@ -111,11 +112,18 @@ def save(entries: Dict[str, dict], key: Optional[Dict[str, object]] = None, drop
     saving at once both keep their entries."""
     key = key or machine_key()
     path = cache_path(key)
+    save_merged(path, key, entries, lambda: load(key, quiet=True), drop)
+    return path
+
+
+def save_merged(path: Path, key: Dict[str, object], entries: Dict[str, dict],
+                current: Callable[[], Dict[str, dict]], drop: Iterable[str] = ()) -> None:
+    """``{key, entries}`` written to ``path`` atomically, merged over ``current()`` (the file's
+    entries, read under a lock beside it), less the names in ``drop``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        merged = {**load(key, quiet=True), **entries}
+        merged = {**current(), **entries}
         for name in drop:
             merged.pop(name, None)
         atomic_write_text(path, json.dumps(dict(key=key, entries=merged), indent=1, sort_keys=True))
-    return path

@@ -268,7 +268,7 @@ def resolve_auto(configs: Sequence[Config], model, device: torch.device, beams: 
                                       f"it times {', '.join(DTYPES)}")
             c = replace(c, dtype=choice.name)
             chosen[c.name] = dict(choice=choice.name, why=choice.why, cached=choice.cached, seconds=choice.seconds)
-            log(f"auto ({c.backend} {c.decoder}): {choice.name} ({choice.why}{'; cached' if choice.cached else ''})")
+            log(choice.line(f"auto ({c.backend} {c.decoder})"))
         if c not in out:
             out.append(c)
     return out, chosen
