@@ -263,7 +263,8 @@ def train_config_from_args(args):
         momentum=args.momentum, weight_decay=args.weight_decay, clip_norm=args.clip_norm, lr_shrink=args.lr_shrink,
         min_lr=args.min_lr, label_smoothing=args.label_smoothing, max_tokens=args.max_tokens,
         max_sentences=args.max_sentences, update_freq=args.update_freq, max_epoch=args.max_epoch,
-        max_update=args.max_update, max_time_minutes=args.max_time, validate_interval_updates=args.validate_interval,
+        max_update=args.max_update, max_time_minutes=args.max_time, decay_minutes=args.decay_minutes,
+        validate_interval_updates=args.validate_interval,
         save_interval_updates=args.save_interval, snapshot_minutes=args.snapshot_minutes or [],
         keep_last_epochs=args.keep_last_epochs,
         log_interval=args.log_interval, seed=args.seed, bf16=args.precision == "bf16", threads=args.threads,
@@ -301,6 +302,9 @@ def cmd_train(args) -> int:
     import convs2s_kernels as ck
 
     cfg = train_config_from_args(args)
+    if cfg.decay_minutes and not 0 < cfg.decay_minutes <= cfg.max_time_minutes:
+        raise Convs2sError(f"--decay-minutes {cfg.decay_minutes:g} needs a --max-time at least as long "
+                           f"(it anneals the lr over the last minutes of --max-time)")
     try:  # bad architecture options or an unknown backend fail before data loading
         get_config(cfg.arch, **cfg.model_overrides)
         ck.requested_backends(cfg.backend)
@@ -505,6 +509,8 @@ def _add_train_parser(sub) -> None:
     train_p.add_argument("--max-epoch", type=_non_negative(int), default=0, help="0: no limit")
     train_p.add_argument("--max-update", type=_non_negative(int), default=0, help="0: no limit")
     train_p.add_argument("--max-time", type=_non_negative(float), default=0.0, help="minutes of training (0: no limit)")
+    train_p.add_argument("--decay-minutes", type=_non_negative(float), default=0.0,
+                         help="take the lr linearly to zero over the last M minutes of --max-time (0: off)")
     train_p.add_argument("--validate-interval", type=_non_negative(int), default=0,
                     help="validate every N updates (0: every epoch)")
     train_p.add_argument("--save-interval", type=_non_negative(int), default=0,

@@ -117,6 +117,7 @@ class TrainConfig:
     max_epoch: int = 0  # 0: no limit
     max_update: int = 0
     max_time_minutes: float = 0.0
+    decay_minutes: float = 0.0  # the last M minutes of max_time take the lr linearly to zero
     validate_interval_updates: int = 0  # 0: once per epoch
     save_interval_updates: int = 0  # extra checkpoint_last writes between validations
     snapshot_minutes: List[float] = field(default_factory=list)  # keep checkpoint_<m>min.pt copies
@@ -387,9 +388,9 @@ class Trainer:
                     group["lr"] = p.lr
             self._write_log(dict(kind="valid", epoch=epochs_done, update=p.num_updates, valid_nll=valid_nll,
                                  valid_ppl=perplexity(valid_nll), best_ppl=perplexity(p.best_valid_nll),
-                                 lr=p.lr, train_minutes=p.train_seconds / 60))
+                                 lr=self.current_lr(), train_minutes=p.train_seconds / 60))
             self.log(f"epoch {epochs_done:g} update {p.num_updates}: valid ppl {perplexity(valid_nll):.3f} "
-                     f"(best {perplexity(p.best_valid_nll):.3f}), lr {p.lr:g}, "
+                     f"(best {perplexity(p.best_valid_nll):.3f}), lr {self.current_lr():g}, "
                      f"{p.train_seconds / 60:.1f} min")
             if improved:  # best first: checkpoint_last.pt records this one as the best
                 self.save("checkpoint_best.pt")
@@ -497,10 +498,25 @@ class Trainer:
         p = self.progress
         per_update = self.info.world_size * self.cfg.update_freq
         t0 = time.perf_counter()
+        self._apply_lr()
         stats = self.train_step(groups[p.next_group], p.epoch, p.next_group * per_update)
         p.next_group += 1
         p.train_seconds += time.perf_counter() - t0
         return stats
+
+    def current_lr(self) -> float:
+        """The plateau-annealed lr, scaled down linearly to zero over the last --decay-minutes of
+        --max-time: a time-bounded run ends annealed instead of being cut off mid-descent."""
+        c, p = self.cfg, self.progress
+        if not c.decay_minutes:
+            return p.lr
+        left = c.max_time_minutes * 60 - p.train_seconds
+        return p.lr * min(1.0, max(left, 0.0) / (c.decay_minutes * 60))
+
+    def _apply_lr(self) -> None:
+        lr = self.current_lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def _report(self, window: "_Window", bar) -> "_Window":
         """Show the window's averages on the bar; every --log-interval updates write them to
@@ -509,12 +525,12 @@ class Trainer:
         tok_s = window.ntokens / max(time.perf_counter() - window.t0, 1e-9)
         loss = window.loss / window.ntokens
         ppl = perplexity(window.nll / window.ntokens)
-        bar.set_postfix(loss=f"{loss:.3f}", ppl=f"{ppl:.2f}", tok_s=f"{tok_s:.0f}", lr=f"{p.lr:g}", refresh=False)
+        bar.set_postfix(loss=f"{loss:.3f}", ppl=f"{ppl:.2f}", tok_s=f"{tok_s:.0f}", lr=f"{self.current_lr():g}", refresh=False)
         bar.update(1)
         if window.n < self.cfg.log_interval:
             return window
         self._write_log(dict(kind="train", epoch=p.epoch, update=p.num_updates, loss=loss, ppl=ppl, tok_s=tok_s,
-                             lr=p.lr, gnorm=window.gnorm / window.n, train_minutes=p.train_seconds / 60))
+                             lr=self.current_lr(), gnorm=window.gnorm / window.n, train_minutes=p.train_seconds / 60))
         return _Window()
 
     def _validate_or_save(self, n_groups: int) -> None:

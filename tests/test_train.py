@@ -368,6 +368,21 @@ def test_cli_reports_bad_data_folders_and_options(tmp_path, capsys):
     assert "unknown model options ['nonsense']" in capsys.readouterr().err
 
 
+def test_decay_minutes_take_the_lr_linearly_to_zero_over_the_end_of_max_time(copy_data, tmp_path, capsys):
+    t = Trainer(tiny_config(copy_data, tmp_path, lr=0.2, max_time_minutes=10, decay_minutes=4), **QUIET)
+    for minutes, lr in [(0, 0.2), (6, 0.2), (7, 0.15), (9, 0.05), (10, 0.0), (12, 0.0)]:
+        t.progress.train_seconds = minutes * 60
+        assert t.current_lr() == pytest.approx(lr)
+    t.progress.lr = 0.02  # after a plateau the decay scales the annealed lr
+    t.progress.train_seconds = 8 * 60
+    assert t.current_lr() == pytest.approx(0.01)
+    t._apply_lr()
+    assert [g["lr"] for g in t.optimizer.param_groups] == [pytest.approx(0.01)] * len(t.optimizer.param_groups)
+    assert Trainer(tiny_config(copy_data, tmp_path / "b", lr=0.2, max_time_minutes=10), **QUIET).current_lr() == 0.2
+    assert cli.main(["train", copy_data, "--save-dir", str(tmp_path / "c"), "--decay-minutes", "5"]) == 2
+    assert "--decay-minutes 5 needs a --max-time" in capsys.readouterr().err
+
+
 def test_precision_auto_takes_bf16_only_where_it_was_measured_faster(monkeypatch, tmp_path):
     """``--precision auto``: bf16 autocast only where the conv+GLU forward+backward was measured
     faster in it, whatever the flags say (AVX512-BF16 present and bf16 slower: fp32; flags absent
