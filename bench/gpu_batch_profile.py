@@ -23,7 +23,9 @@ def time_batch(model, sources, graph: bool, **kw) -> str:
     stamps = []
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    convs2s.generate(model, sources, cuda_graph=graph, step_hook=lambda _: stamps.append(time.perf_counter()), **kw)
+    hooks = convs2s.Observer(forced_length=[28] * len(sources), cuda_graph=graph,
+                             on_step=lambda _: stamps.append(time.perf_counter()))
+    convs2s.generate(model, sources, observer=hooks, **kw)
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     gaps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
@@ -43,13 +45,14 @@ def main() -> None:
     model = convs2s.build_model("fconv_wmt_en_fr", 40000, 40000).eval().to("cuda", torch.bfloat16)
     model.use_backend(args.backend)
     sources = torch.randint(10, 40000, (128, 25)).tolist()
-    kw = dict(beam=5, forced_length=[28] * 128, fold_attention=True)
+    kw = dict(beam=5, fold_attention=True)
     for graph in (True, False):
+        hooks = convs2s.Observer(forced_length=[28] * 128, cuda_graph=graph)
         for _ in range(2):  # tune, compile, record
-            convs2s.generate(model, sources, cuda_graph=graph, **kw)
+            convs2s.generate(model, sources, observer=hooks, **kw)
         print(time_batch(model, sources, graph, **kw), flush=True)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            convs2s.generate(model, sources, cuda_graph=graph, **kw)
+            convs2s.generate(model, sources, observer=hooks, **kw)
             torch.cuda.synchronize()
         table = prof.key_averages()
         path = os.path.join(args.out, f"profile-batch128-beam5-{'graph' if graph else 'eager'}.txt")

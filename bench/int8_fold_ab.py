@@ -1,5 +1,5 @@
 """Whole int8 decodes with the attention fold in float32 against the fold in int8
-(``Linear.fold_int8``), alternated in one process; medians and every round's time.
+(``DerivedWeights.fold_int8``), alternated in one process; medians and every round's time.
 
     python3 bench/int8_fold_ab.py --checkpoint CKPT --input IDS [--weight-bits 7] [--rounds 4]
 
@@ -7,7 +7,7 @@ The peer workload of ``../shared/peers/`` (a fairseq fconv checkpoint and its se
 decoded as ``vs-fairseq`` decodes it (equal-length batches, forced lengths, beam 5, folded attention,
 the cpp backend), with the decoder's and encoder's int8 settings of ``convs2s-w7a7e``
 (``--weight-bits 7``) or ``convs2s-int7e`` (``--weight-bits 8``). The float fold is the same model
-with ``Linear.fold_int8`` answering None, so only the fold's two products per attention layer differ;
+with ``DerivedWeights.fold_int8`` answering None, so only the fold's two products per attention layer differ;
 the kernel choice is measured (or read from its cache) for both folds' shapes before the rounds.
 Set the AVX2 caps (``CONVS2S_KERNELS_ISA=avx2`` ...) for the AVX2 kernels on a VNNI CPU.
 """
@@ -21,10 +21,11 @@ import time
 import torch
 
 import convs2s
-from convs2s.layers import Linear
-from convs2s.step_shapes import fold_weight_shapes
-from convs2s_kernels.tune import ensure as ensure_kernel_choice
+from convs2s.engine import prepare, quantize_decoder_int8, quantize_encoder_int8
+from convs2s.engine.shapes import fold_weight_shapes
+from convs2s.engine.weights import DerivedWeights
 from convs2s_bench.vs_fairseq import plan_batches, read_ids
+from convs2s_kernels.tune import ensure as ensure_kernel_choice
 
 
 def main() -> None:
@@ -37,16 +38,16 @@ def main() -> None:
     args = parser.parse_args()
     model, _, _ = convs2s.load_fairseq(args.checkpoint)
     model.fold_weight_norm().eval().use_backend("cpp")
-    model.quantize_decoder_int8(activations="int7", weight_bits=args.weight_bits)
-    model.quantize_encoder_int8(activations="int7")
+    quantize_decoder_int8(model, activations="int7", weight_bits=args.weight_bits)
+    quantize_encoder_int8(model, activations="int7")
     # the float fold's own kernel choice (the decoder, folding in int8, asks only for the int8 shapes)
-    ensure_kernel_choice(fold_weight_shapes(model.decoder, int8=False))
+    ensure_kernel_choice(fold_weight_shapes(prepare(model), int8=False))
     sentences = read_ids(args.input)
     batches, forced = plan_batches(sentences, 128)
-    int8_fold, float_fold = Linear.fold_int8, lambda self, transposed=False: None
+    int8_fold, float_fold = DerivedWeights.fold_int8, lambda self, transposed=False: None
 
     def decode(fold) -> float:
-        Linear.fold_int8 = fold
+        DerivedWeights.fold_int8 = fold
         t0 = time.perf_counter()
         for b, f in zip(batches, forced):
             convs2s.generate(model, [sentences[i] for i in b], beam=args.beam, nbest=args.beam, batch_size=len(b),
@@ -61,7 +62,7 @@ def main() -> None:
             for name, fold in order if i % 2 else order[::-1]:
                 times[name].append(decode(fold))
     finally:
-        Linear.fold_int8 = int8_fold
+        DerivedWeights.fold_int8 = int8_fold
     print(f"{torch.get_num_threads()} threads, decoder weight bits {args.weight_bits}, beam {args.beam}")
     for name, t in times.items():
         print(f"{name}: median {statistics.median(t):.3f} s, rounds {', '.join(f'{x:.2f}' for x in t)}")

@@ -13,6 +13,7 @@ import convs2s
 from convs2s_bench.flops import decoder_step_bytes, generation_flops
 
 from convs2s_bench.harness import DTYPES, SMOKE, record, shapes
+from convs2s.engine import prepare, quantize_decoder_int8
 
 ARCH, VOCAB, SENTENCES, LENGTH = shapes(paper=("fconv_wmt_en_fr", 40000, 8, 23), smoke=("fconv_iwslt_de_en", 64, 2, 4))
 FORCED = round(1.1 * LENGTH)
@@ -51,7 +52,7 @@ def test_generate(benchmark, runnable, peaks, device, models, backend, beam, dty
 
     def run():
         return convs2s.generate(model, sources, beam=beam, max_len_a=1.2, max_len_b=10,
-                                forced_length=[FORCED] * SENTENCES)
+                                observer=convs2s.Observer(forced_length=[FORCED] * SENTENCES))
 
     try:
         hyps = run()  # warm-up outside the rounds
@@ -106,13 +107,13 @@ def test_generate_one_sentence(benchmark, runnable, peaks, device, models, provi
     # a lexical table of 20 candidates per source word, as a word-alignment dictionary would give
     table = {s: torch.randint(4, VOCAB, (20,), generator=g).tolist() for s in source[0]}
     shortlist = Shortlist(table, VOCAB, top=SHORTLIST_TOP) if use_shortlist else None
-    model.use_backend(backend).quantize_decoder_int8(int8)
-    model.decoder.fused_step = one_call
+    quantize_decoder_int8(model.use_backend(backend), int8)
+    prepare(model).fused_step = one_call
     benchmark.group = f"generate one sentence {ARCH} {LENGTH} tokens beam {beam}"
 
     def run():
-        return convs2s.generate(model, source, beam=beam, max_len_a=1.2, max_len_b=10, forced_length=[FORCED],
-                                fold_attention=fold, shortlist=shortlist)
+        return convs2s.generate(model, source, beam=beam, max_len_a=1.2, max_len_b=10, fold_attention=fold,
+                                shortlist=shortlist, observer=convs2s.Observer(forced_length=[FORCED]))
 
     vocab_rows = int(shortlist.candidates(torch.tensor(source)).numel()) if shortlist else VOCAB
     try:
@@ -121,8 +122,8 @@ def test_generate_one_sentence(benchmark, runnable, peaks, device, models, provi
         # the bytes the timed runs streamed, counted while the decoder is still quantised
         step_bytes, moved = decoder_step_bytes(model, vocab_rows), streamed_bytes(model, FORCED + 1, vocab_rows)
     finally:  # the module's shared model back to float32 and the reference, whatever happened
-        model.use_backend(None).quantize_decoder_int8(False)
-        model.decoder.fused_step = True
+        quantize_decoder_int8(model.use_backend(None), False)
+        prepare(model).fused_step = True
     tokens = [len(h[0]["tokens"]) for h in hyps]
     assert tokens == [FORCED + 1]
     benchmark.extra_info["target_tokens"] = sum(tokens)

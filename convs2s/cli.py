@@ -100,9 +100,10 @@ def _check_translation_options(args) -> None:
         ck.requested_backends(args.backend)
     except ValueError as exc:
         raise Convs2sError(str(exc)) from None
-    from .generate import _check_search_options
+    from .generate import SearchOptions
 
-    _check_search_options(args.beam, args.nbest, args.min_len, args.max_len_a, args.max_len_b)
+    SearchOptions(beam=args.beam, nbest=args.nbest, min_len=args.min_len, max_len_a=args.max_len_a,
+                  max_len_b=args.max_len_b).check()
     for flag, path in (("--spm", args.spm), ("--replace-unk", args.replace_unk), ("--shortlist", args.shortlist)):
         if path is not None and not Path(path).is_file():
             raise Convs2sError(f"{flag} {path}: no such file")
@@ -134,9 +135,11 @@ def _load_for_translation(args):
 
 
 def _gen_kwargs(args):
+    from .generate import Observer
+
     return dict(beam=args.beam, nbest=args.nbest, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
                 min_len=args.min_len, lenpen=args.lenpen, unkpen=args.unkpen, batch_size=args.batch_size,
-                fold_attention=args.fold_attention, cuda_graph=False if args.no_cuda_graph else None)
+                fold_attention=args.fold_attention, observer=Observer(cuda_graph=False if args.no_cuda_graph else None))
 
 
 def _run_translation(args, consume) -> int:

@@ -44,7 +44,7 @@ OFF = ("nothing cached, and measuring is off here (CONVS2S_TUNE=0, or several pr
 @dataclass(frozen=True)
 class Variant:
     """One way to compute a decoding: the model's float dtype and, for int8, the decoder's (and
-    optionally the encoder's) quantisation (``ConvS2SModel.quantize_decoder_int8``)."""
+    optionally the encoder's) quantisation (``convs2s.engine.PreparedModel.quantize_decoder_int8``)."""
 
     name: str
     dtype: torch.dtype = torch.float32
@@ -73,11 +73,11 @@ VARIANTS = {**FLOAT_VARIANTS, **INT8_VARIANTS}
 
 
 def apply_variant(model, variant) -> "torch.nn.Module":
-    """Make ``model`` (in place) compute as ``variant`` (a name or :class:`Variant`); returns it."""
-    v = VARIANTS[variant] if isinstance(variant, str) else variant
-    model.to(dtype=v.dtype)
-    model.quantize_decoder_int8(v.int8, activations=v.activations or "int8", weight_bits=v.weight_bits)
-    model.quantize_encoder_int8(v.encoder, activations=v.activations or "int8")
+    """Make ``model`` (in place: its dtype, its preparation's quantisation) compute as ``variant``
+    (a name or :class:`Variant`); returns it."""
+    from .engine import prepare
+
+    prepare(model, VARIANTS[variant] if isinstance(variant, str) else variant)
     return model
 
 
@@ -230,7 +230,7 @@ def measure_decoding(model, names: Sequence[str], *, beam: int = 5, fold_attenti
     ``model`` (copied per variant, the caller's untouched); measured interleaved, after a screen
     at the default kernel choice that keeps a candidate more than twice as slow as the best from
     costing its own kernel-choice measurement (it keeps its screen times)."""
-    from .generate import generate
+    from .generate import Observer, generate
 
     from convs2s_kernels import tune
 
@@ -238,8 +238,8 @@ def measure_decoding(model, names: Sequence[str], *, beam: int = 5, fold_attenti
     models = {n: apply_variant(_copy_for(model, VARIANTS[n]), n) for n in names}
 
     def run(name: str, sources, steps) -> None:
-        generate(models[name], sources, beam=beam, batch_size=len(sources), forced_length=[steps] * len(sources),
-                 max_len_b=steps + 2, fold_attention=fold_attention)
+        generate(models[name], sources, beam=beam, batch_size=len(sources), max_len_b=steps + 2,
+                 fold_attention=fold_attention, observer=Observer(forced_length=[steps] * len(sources)))
 
     with torch.no_grad():  # as generate runs
         # a screen at the default kernel choice, measuring none: a candidate far slower than the

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -11,12 +11,9 @@ import torch.nn.functional as F
 
 import convs2s_kernels as ck
 from convs2s_kernels.internal import indices_trusted
-from convs2s_kernels.tune import ensure as ensure_kernel_choice
 
 from .architectures import ConvS2SConfig
-from .layers import (NO_DISPATCH, SQRT_HALF, GradMultiply, Linear, conv_stack, cpp_may_run, embedding, make_positions,
-                     residual_input)
-from .step_shapes import encoder_weight_shapes
+from .layers import SQRT_HALF, GradMultiply, Linear, conv_stack, embedding, make_positions, residual_input
 from .special_tokens import EOS, PAD  # noqa: F401  (EOS: convs2s.encoder.EOS stays importable)
 
 
@@ -80,7 +77,8 @@ class Encoder(nn.Module):
     def max_positions(self) -> int:
         return self.embed_positions.num_embeddings - PAD - 1
 
-    def forward(self, src_tokens: torch.Tensor, backend: Optional[str] = None) -> EncoderOut:
+    def check_sources(self, src_tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``src_tokens`` as int64 after the checks, and its pad mask (left padding only)."""
         check_tokens("src_tokens", src_tokens, self.vocab_size, self.max_positions)
         src_tokens = src_tokens.long()
         pad_mask = src_tokens.eq(PAD)
@@ -88,35 +86,30 @@ class Encoder(nn.Module):
             raise ValueError("src_tokens must be left-padded (pad = 1 only before the first real token of a row)")
         if bool(pad_mask.all(dim=1).any()):
             raise ValueError("src_tokens has a row made only of padding; every source needs at least EOS")
+        return src_tokens, pad_mask
+
+    def forward(self, src_tokens: torch.Tensor, backend: Optional[str] = None) -> EncoderOut:
+        """``src_tokens (B, S)`` (left-padded, EOS last) -> :class:`EncoderOut`."""
+        src_tokens, pad_mask = self.check_sources(src_tokens)
         x = self.embed_tokens(src_tokens) + self.embed_positions(make_positions(src_tokens, PAD))
         x = F.dropout(x, self.dropout, self.training)
         input_embedding = x
-        # Without gradients (translating) the linear layers take the dispatched op too: a short
-        # batch is a few-row product against a large weight (convs2s_kernels.linear).
-        linear_backend = NO_DISPATCH if torch.is_grad_enabled() else backend
-        if src_tokens.device.type == "cpu" and linear_backend != NO_DISPATCH:
-            # which row counts run the few-row kernels (once per machine, then cached)
-            ensure_kernel_choice(encoder_weight_shapes(self))
-        x = self.fc1(x, linear_backend)
+        x = self.fc1(x)
         mask = pad_mask if bool(pad_mask.any()) else None
         residuals = [x]
         for proj, conv, r in zip(self.projections, self.convolutions, self.residuals):
-            residual = residual_input(residuals, proj, r, linear_backend)
+            residual = residual_input(residuals, proj, r)
             # Dropout before masking equals fairseq's mask-then-dropout: dropped zeros stay zero.
             x = F.dropout(x, self.dropout, self.training)
-            if conv.use_int8 and linear_backend != NO_DISPATCH:  # translating with int8 weights
-                x = conv.int8_sequence(x, causal=False, pad_mask=mask, backend=backend)
-                x = x if residual is None else (x + residual) * SQRT_HALF
-            else:
-                # translating: the weight packed as the decoding step reads it (a sentence or two is a
-                # few dozen rows, where the few-row kernel's register tiles beat the GEMM)
-                packed = conv.step_packed() if linear_backend != NO_DISPATCH and cpp_may_run(x, backend) else None
-                x = ck.conv_glu(
-                    x, conv.effective_weight(), conv.bias, causal=False, residual=residual,
-                    scale=SQRT_HALF if residual is not None else None, pad_mask=mask, packed=packed, backend=backend,
-                )
+            x = ck.conv_glu(x, conv.effective_weight(), conv.bias, causal=False, residual=residual,
+                            scale=SQRT_HALF if residual is not None else None, pad_mask=mask, backend=backend)
             residuals.append(x)
-        x = self.fc2(x, linear_backend)
+        return self.output(self.fc2(x), input_embedding, pad_mask, mask)
+
+    def output(self, x: torch.Tensor, input_embedding: torch.Tensor, pad_mask: torch.Tensor,
+               mask: Optional[torch.Tensor]) -> EncoderOut:
+        """Keys ``z`` (pad steps zero, gradient scaled by 1 / (2 * #attention)) and values
+        ``y = (z + e) sqrt(1/2)`` from fc2's output ``x``."""
         if mask is not None:
             x = x.masked_fill(mask.unsqueeze(-1), 0.0)
         if torch.is_grad_enabled():  # identity forward: skip its copy at inference

@@ -14,6 +14,7 @@ results come back in input order.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,11 +27,12 @@ from convs2s_kernels.internal import trusted_indices
 from convs2s_kernels.dispatch import BoundCalls
 from convs2s_kernels.reference import search_rules_ref
 
+from .engine import PreparedModel, prepare
+from .engine.graph import recorder_factory
+from .engine.recorded_search import RecordedSearchStep
 from .errors import Convs2sError
 from .model import ConvS2SModel
 from .special_tokens import BOS, EOS, NUM_SPECIALS, PAD, UNK
-from .recorded_search import RecordedSearchStep
-from .step_graph import recorder_factory
 
 
 class GenerationError(Convs2sError):
@@ -55,16 +57,6 @@ def _check_sources(sources: Sequence[Sequence[int]], vocab_size: int, max_len: i
                                   "inside the sentence; sources are words only (EOS is appended)")
         out.append(ids + [EOS])
     return out
-
-
-def _check_search_options(beam: int, nbest: int, min_len: int, max_len_a: float, max_len_b: int,
-                          search_backend: Optional[str] = None) -> None:
-    if beam < 1 or nbest < 1 or nbest > beam:
-        raise GenerationError(f"need 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
-    if min_len < 0 or max_len_b < 0 or max_len_a < 0:
-        raise GenerationError("min_len, max_len_a and max_len_b must be non-negative")
-    if search_backend is not None:
-        ck.requested_backends(search_backend)  # validates the names
 
 
 def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: Optional[int] = None) -> List[List[int]]:
@@ -99,74 +91,108 @@ def _sources_in_batches(model: ConvS2SModel, sources, batch_size: int, max_token
         model.train(was_training)
 
 
+@dataclass(frozen=True)
+class SearchOptions:
+    """What a search produces, as fairseq's ``generate`` options name it: ``beam`` width, ``nbest``
+    hypotheses per source, ``max_len = min(max_len_a * S + max_len_b, max_positions - 1)``,
+    ``min_len``, ``lenpen`` (scores divided by ``length ** lenpen``), ``unkpen`` (subtracted from
+    UNK), batches of at most ``batch_size`` sentences (and ``max_tokens`` source tokens),
+    ``return_attention``. ``fold_attention`` precomputes the attention projections of the encoder
+    outputs once per sentence (exact up to rounding, fewer FLOPs per step:
+    :class:`convs2s.engine.state.FoldedAttention`); ``shortlist`` (a
+    :class:`convs2s.shortlist.Shortlist`) scores only its candidate target words per batch."""
+
+    beam: int = 5
+    nbest: int = 1
+    max_len_a: float = 0.0
+    max_len_b: int = 200
+    min_len: int = 1
+    lenpen: float = 1.0
+    unkpen: float = 0.0
+    batch_size: int = 128
+    max_tokens: Optional[int] = None
+    return_attention: bool = False
+    fold_attention: bool = False
+    shortlist: object = None
+
+    def check(self) -> "SearchOptions":
+        """These options, or a :class:`GenerationError` naming what no search can take."""
+        if self.beam < 1 or self.nbest < 1 or self.nbest > self.beam:
+            raise GenerationError(f"need 1 <= nbest <= beam, got beam={self.beam}, nbest={self.nbest}")
+        if self.min_len < 0 or self.max_len_b < 0 or self.max_len_a < 0:
+            raise GenerationError("min_len, max_len_a and max_len_b must be non-negative")
+        return self
+
+    def max_len(self, model: ConvS2SModel, src_len: int) -> int:
+        """fairseq's ``min(a * S + b, max_positions - 1)`` for a batch of source length ``S``."""
+        return min(int(self.max_len_a * src_len + self.max_len_b), model.decoder.max_positions - 1)
+
+
+@dataclass
+class Observer:
+    """What a benchmark or a test asks of a search besides its translations.
+
+    ``forced_length`` (per source) makes every hypothesis exactly that many tokens before EOS
+    (within ``max_len``), so that random weights do a real translation's work; ``on_step(step)``
+    is called once a batch is encoded and its state built (``step`` = -1), then after every step;
+    ``search_backend`` is the backend request of the search's ops (``beam_candidates``,
+    ``beam_update``; None: the model's); ``cuda_graph`` (:func:`convs2s.engine.graph.recorder_factory`):
+    None records every step after a batch's first as a CUDA graph on CUDA and replays it, False
+    decodes eagerly, ``"record-ops"`` holds the step to a graph's contract on any device."""
+
+    forced_length: Optional[Sequence[int]] = None
+    on_step: Optional[Callable[[int], None]] = None
+    search_backend: Optional[str] = None
+    cuda_graph: object = None
+
+
+def search_options(options: Optional[SearchOptions] = None, **fields) -> SearchOptions:
+    """``options`` (default :class:`SearchOptions`) with ``fields`` replaced; an unknown field is
+    named in one line."""
+    names = {f.name for f in dataclasses.fields(SearchOptions)}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        hooks = {f.name for f in dataclasses.fields(Observer)} | {"step_hook"}
+        where = "; measurement hooks go in observer=Observer(...)" if set(unknown) & hooks else ""
+        raise TypeError(f"unknown search option(s) {', '.join(unknown)}: choose from {', '.join(sorted(names))}{where}")
+    return dataclasses.replace(options or SearchOptions(), **fields)
+
+
 @torch.no_grad()
-def generate(
-    model: ConvS2SModel,
-    sources: Sequence[Sequence[int]],
-    *,
-    beam: int = 5,
-    nbest: int = 1,
-    max_len_a: float = 0.0,
-    max_len_b: int = 200,
-    min_len: int = 1,
-    lenpen: float = 1.0,
-    unkpen: float = 0.0,
-    batch_size: int = 128,
-    max_tokens: Optional[int] = None,
-    return_attention: bool = False,
-    progress: bool = False,
-    forced_length: Optional[Sequence[int]] = None,
-    fold_attention: bool = False,
-    shortlist=None,
-    step_hook: Optional[Callable[[int], None]] = None,
-    search_backend: Optional[str] = None,
-    cuda_graph=None,
-) -> List[List[dict]]:
-    """Translate ``sources`` (token-id lists without EOS) with beam search.
+def generate(model, sources: Sequence[Sequence[int]], options: Optional[SearchOptions] = None, *,
+             observer: Optional[Observer] = None, progress: bool = False, **fields) -> List[List[dict]]:
+    """Translate ``sources`` (token-id lists without EOS) with beam search, on ``model`` (a
+    :class:`ConvS2SModel`, decoded on its preparation :func:`convs2s.engine.prepare`, or a
+    :class:`convs2s.engine.PreparedModel`). ``options`` (:class:`SearchOptions`), with any of its
+    fields given as keywords too (``generate(model, sources, beam=5)``); ``observer``
+    (:class:`Observer`) for benchmarks; ``progress`` shows a bar.
 
     Returns, in input order, each source's n-best list of dicts: ``tokens`` (LongTensor ending
     in EOS), ``score`` (float, normalised), ``positional_scores`` (FloatTensor), and with
     ``return_attention`` ``attention`` (S x T_hyp, layer-averaged, over the unpadded source
     incl. EOS) and ``alignment`` (argmax source position per target token).
-
-    ``forced_length`` (per source) makes every hypothesis exactly that many tokens before EOS
-    (within ``max_len``): the speed benchmark uses it so that random weights do the work of a
-    real translation.
-
-    ``fold_attention`` precomputes the attention projections of the encoder outputs once per
-    sentence (exact up to rounding; fewer FLOPs per step, see ``convs2s.decoder.FoldedAttention``).
-
-    ``shortlist`` (a :class:`convs2s.shortlist.Shortlist`) scores only its candidate target words
-    for each batch (vocabulary selection); the others get probability 0.
-
-    ``step_hook(step)`` is called once a batch is encoded and its decoder state built (``step``
-    = -1), then after every decoding step: benchmarks time the parts of a batch with it.
-
-    ``search_backend`` is the backend request of the search step's ops
-    (:func:`convs2s_kernels.beam_candidates`, :func:`convs2s_kernels.beam_update`); None: the model's.
-
-    ``cuda_graph`` (:func:`convs2s.step_graph.recorder_factory`): ``None`` records every step after
-    a batch's first (the decoder's and the search's, :mod:`convs2s.recorded_search`) as a CUDA graph
-    on CUDA and replays it; ``False`` decodes eagerly; ``"record-ops"`` holds the step to a graph's
-    contract on any device (the CPU tests).
     """
-    _check_search_options(beam, nbest, min_len, max_len_a, max_len_b, search_backend)
-    recorder_factory(cuda_graph, next(model.parameters()).device)  # validates the choice before any work
-    options = _SearchOptions(beam, max_len_a, max_len_b, min_len, lenpen, unkpen, return_attention, fold_attention,
-                             shortlist, search_backend, cuda_graph)
-    with _sources_in_batches(model, sources, batch_size, max_tokens) as (srcs, batches):
-        return _search_batches(model, len(srcs), batches, options, nbest, forced_length, step_hook, progress)
+    options = search_options(options, **fields).check()
+    observer = observer or Observer()
+    if observer.search_backend is not None:
+        ck.requested_backends(observer.search_backend)  # validates the names
+    prepared = prepare(model)
+    model = prepared.model
+    recorder_factory(observer.cuda_graph, next(model.parameters()).device)  # validates it before any work
+    with _sources_in_batches(model, sources, options.batch_size, options.max_tokens) as (srcs, batches):
+        return _search_batches(prepared, len(srcs), batches, options, observer, progress)
 
 
-def _search_batches(model, count: int, batches, options: _SearchOptions, nbest: int, forced_length, step_hook,
+def _search_batches(prepared: PreparedModel, count: int, batches, options: SearchOptions, observer: Observer,
                     progress: bool) -> List[List[dict]]:
     """Each batch's beam search; the n-best lists in input order."""
     results: List[Optional[List[dict]]] = [None] * count
     bar = _progress_bar(count) if progress else None
     for idx, src in batches:
-        forced = None if forced_length is None else _batch_lengths(forced_length, idx, src.device)
-        for i, h in zip(idx, _beam_search(model, src, options, forced, step_hook)):
-            results[i] = h[:nbest]
+        lengths = observer.forced_length
+        forced = None if lengths is None else _batch_lengths(lengths, idx, src.device)
+        for i, h in zip(idx, _beam_search(prepared, src, options, observer, forced)):
+            results[i] = h[:options.nbest]
         if bar is not None:
             bar.update(len(idx))
     if bar is not None:
@@ -184,27 +210,8 @@ def _progress_bar(total: int):
     return tqdm(total=total, unit="sent", desc="generate")
 
 
-@dataclass(frozen=True)
-class _SearchOptions:
-    beam: int
-    max_len_a: float
-    max_len_b: int
-    min_len: int
-    lenpen: float
-    unkpen: float
-    need_attn: bool = False
-    fold_attention: bool = False
-    shortlist: object = None
-    search_backend: Optional[str] = None
-    cuda_graph: object = None
-
-    def max_len(self, model: ConvS2SModel, src_len: int) -> int:
-        """fairseq's ``min(a * S + b, max_positions - 1)`` for a batch of source length ``S``."""
-        return min(int(self.max_len_a * src_len + self.max_len_b), model.decoder.max_positions - 1)
-
-
-def _beam_search(model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions, forced_len=None,
-                 step_hook=None) -> List[List[dict]]:
+def _beam_search(prepared: PreparedModel, src: torch.Tensor, options: SearchOptions, observer: Observer,
+                 forced_len=None) -> List[List[dict]]:
     """One batch's sorted hypotheses per sentence (fairseq's ``SequenceGenerator._generate``).
 
     A step is two ops (:func:`convs2s_kernels.beam_candidates`, :func:`convs2s_kernels.beam_update`)
@@ -212,7 +219,8 @@ def _beam_search(model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions
     and the host learns which sentences are done through a :class:`_Mailbox` (on GPUs, without
     waiting); index ranges are the search's own, so the ops' per-call checks are skipped.
     """
-    search = _BeamSearch(model, src, options, forced_len)
+    search = _BeamSearch(prepared, src, options, observer, forced_len)
+    step_hook = observer.on_step
     if step_hook is not None:
         step_hook(-1)
     with trusted_indices():
@@ -269,23 +277,25 @@ class _BeamSearch:
     tensors (:class:`convs2s_kernels.FinishedHypotheses`); sentences leave the batch once the host
     knows they are done (with a recorded step, once they are half of it: :meth:`leave`)."""
 
-    def __init__(self, model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions, forced_len=None):
-        self.model, self.options, self.forced_len = model, options, forced_len
+    def __init__(self, prepared: PreparedModel, src: torch.Tensor, options: SearchOptions, observer: Observer,
+                 forced_len=None):
+        self.prepared, self.options, self.forced_len = prepared, options, forced_len
+        self.model = model = prepared.model
         bsz, src_len = src.shape
         self.bsz = bsz
         self.V = model.tgt_vocab_size
         self.k = k = min(options.beam, self.V - 1)
         self.max_len = max_len = options.max_len(model, src_len)
         self.device = device = src.device
-        encoder_out = model.encode(src)
-        self.state = model.init_decoder_state(encoder_out, k, options.fold_attention)
+        encoder_out = prepared.encode(src)
+        self.state = prepared.init_decoder_state(encoder_out, k, options.fold_attention)
         if options.shortlist is not None:
-            self.state.vocab = _vocab_subset(model, options.shortlist, src, k)
+            self.state.vocab = _vocab_subset(prepared, options.shortlist, src, k)
         self.tokens = torch.full((bsz * k, max_len + 2), PAD, dtype=torch.long, device=device)
         self.tokens[:, 0] = EOS
         self.scores = torch.zeros(bsz * k, max_len + 1, device=device)
-        self.attn = torch.zeros(bsz * k, src_len, max_len + 2, device=device) if options.need_attn else None
-        self.finished = ck.FinishedHypotheses.empty(bsz, k, max_len, src_len if options.need_attn else 0, device,
+        self.attn = torch.zeros(bsz * k, src_len, max_len + 2, device=device) if options.return_attention else None
+        self.finished = ck.FinishedHypotheses.empty(bsz, k, max_len, src_len if options.return_attention else 0, device,
                                                      pad=PAD)
         self.src_lengths = encoder_out.src_lengths.tolist()  # per sentence, once: trims the attention
         self.cands_to_ignore = torch.zeros(bsz, k, dtype=torch.bool, device=device)
@@ -294,15 +304,16 @@ class _BeamSearch:
         self.host_done = [False] * bsz  # sentences the host knows are finished
         self.mailbox = _Mailbox(self.finished.done)
         # the search's two ops: checked at their first call for each batch size, then bound
-        self.backend = options.search_backend if options.search_backend is not None else model.backend
+        self.backend = observer.search_backend if observer.search_backend is not None else model.backend
         self.ops = BoundCalls()
-        self.recorder = recorder_factory(options.cuda_graph, device)
+        self.recorder = recorder_factory(observer.cuda_graph, device)
         self.recorded: Optional[RecordedSearchStep] = None  # steps 1+ recorded for these rows and buffers
         self.leaving: List[int] = []  # batch rows of done sentences still in the buffers
 
     def logits(self, step: int) -> torch.Tensor:
         """Decode one step: every row's scores of its next token (attention kept when asked)."""
-        logits, step_attn = self.model.decode_step(self.tokens[:, step], self.state, need_attn=self.options.need_attn)
+        logits, step_attn = self.prepared.decode_step(self.tokens[:, step], self.state,
+                                                      need_attn=self.options.return_attention)
         if self.attn is not None and step_attn is not None:
             self.attn[:, :, step + 1].copy_(step_attn)
         return logits
@@ -330,7 +341,7 @@ class _BeamSearch:
         self.mailbox.post(self.finished.done)
 
     def recorded_step(self, step: int) -> None:
-        """A whole step after the first, recorded (:class:`convs2s.recorded_search.RecordedSearchStep`:
+        """A whole step after the first, recorded (:class:`convs2s.engine.recorded_search.RecordedSearchStep`:
         the decoder's step and the search's two ops, the step counted on the device) and replayed;
         post which sentences are done."""
         if self.recorded is None or not self.recorded.valid(self):
@@ -401,7 +412,7 @@ def _hypotheses(f: ck.FinishedHypotheses, k: int, src_lengths: List[int]) -> Lis
     return out
 
 
-def _vocab_subset(model: ConvS2SModel, shortlist, src: torch.Tensor, k: int):
+def _vocab_subset(prepared: PreparedModel, shortlist, src: torch.Tensor, k: int):
     """The output layer restricted to the shortlist's candidates for this batch."""
     from .shortlist import VocabSubset
 
@@ -409,11 +420,12 @@ def _vocab_subset(model: ConvS2SModel, shortlist, src: torch.Tensor, k: int):
     if ids.numel() < 2 * k + 1:
         raise GenerationError(f"the shortlist leaves {ids.numel()} target words for this batch; beam {k} needs "
                               f"at least {2 * k + 1} (raise --shortlist-top)")
-    return VocabSubset(model.decoder.fc3, ids)
+    fc3 = prepared.model.decoder.fc3
+    return VocabSubset(fc3, ids, prepared.derived(fc3))
 
 
 @torch.no_grad()
-def greedy(model: ConvS2SModel, sources: Sequence[Sequence[int]], *, max_len_a: float = 0.0, max_len_b: int = 200,
+def greedy(model, sources: Sequence[Sequence[int]], *, max_len_a: float = 0.0, max_len_b: int = 200,
            min_len: int = 1, lenpen: float = 1.0, unkpen: float = 0.0, batch_size: int = 128) -> List[dict]:
     """Greedy decoding (argmax each step): its own loop, independent of the beam search's
     candidate and beam bookkeeping; only the per-step rules (:func:`convs2s_kernels.reference.search_rules_ref`)
@@ -421,21 +433,23 @@ def greedy(model: ConvS2SModel, sources: Sequence[Sequence[int]], *, max_len_a: 
 
     Returns one hypothesis dict per source (same fields as :func:`generate`), in input order.
     """
-    options = _SearchOptions(1, max_len_a, max_len_b, min_len, lenpen, unkpen)
-    with _sources_in_batches(model, sources, batch_size) as (srcs, batches):
+    options = SearchOptions(beam=1, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len, lenpen=lenpen,
+                            unkpen=unkpen, batch_size=batch_size)
+    prepared = prepare(model)
+    with _sources_in_batches(prepared.model, sources, batch_size) as (srcs, batches):
         results: List[Optional[dict]] = [None] * len(srcs)
         for idx, src in batches:
-            for i, hypo in zip(idx, _greedy_batch(model, src, options)):
+            for i, hypo in zip(idx, _greedy_batch(prepared, src, options)):
                 results[i] = hypo
         return results  # type: ignore[return-value]
 
 
-def _greedy_batch(model: ConvS2SModel, src: torch.Tensor, options: _SearchOptions) -> List[dict]:
+def _greedy_batch(prepared: PreparedModel, src: torch.Tensor, options: SearchOptions) -> List[dict]:
     """Argmax each step; tokens and scores go to preallocated tensors (a finished row keeps
     decoding, its outputs ignored), and the host learns that every row is done by the mailbox."""
     B, S = src.shape
-    max_len = options.max_len(model, S)
-    state = model.init_decoder_state(model.encode(src), 1)
+    max_len = options.max_len(prepared.model, S)
+    state = prepared.init_decoder_state(prepared.encode(src), 1)
     prev = torch.full((B,), EOS, dtype=torch.long, device=src.device)
     tokens = torch.full((B, max_len + 1), EOS, dtype=torch.long, device=src.device)
     scores = torch.zeros(B, max_len + 1, device=src.device)
@@ -444,7 +458,7 @@ def _greedy_batch(model: ConvS2SModel, src: torch.Tensor, options: _SearchOption
     mailbox = _Mailbox(done.all())
     with trusted_indices():
         for step in range(max_len + 1):
-            lprobs = torch.log_softmax(model.decode_step(prev, state)[0].float(), dim=-1)
+            lprobs = torch.log_softmax(prepared.decode_step(prev, state)[0].float(), dim=-1)
             search_rules_ref(lprobs, step, max_len, options.min_len, options.unkpen, pad=PAD, eos=EOS, unk=UNK)
             best, tok = lprobs.max(dim=-1)
             tokens[:, step], scores[:, step] = tok, best
@@ -462,18 +476,22 @@ def _greedy_batch(model: ConvS2SModel, src: torch.Tensor, options: _SearchOption
     return hypos
 
 
-def warmup(model: ConvS2SModel, *, max_source_length: int, beam: int = 5, fold_attention: bool = False,
-           **generate_options) -> List[int]:
+def warmup(model, *, max_source_length: int, beam: int = 5, fold_attention: bool = False,
+           observer: Optional[Observer] = None, **generate_options) -> List[int]:
     """Tune, compile and record what decoding will call before anything is timed: a three-step
     :func:`convs2s.generate` per autotune bucket and Triton specialisation of source lengths up
     to ``max_source_length`` (EOS included) and of rows (:func:`convs2s_kernels.warmup`), where
     Triton runs (CUDA, or a backend naming it); elsewhere one sentence of that length. Returns the
-    source lengths run. ``generate_options`` go to every call (``cuda_graph``,
-    ``shortlist``...)."""
+    source lengths run. ``generate_options`` (search options such as ``shortlist``) and
+    ``observer`` (its ``cuda_graph`` and ``search_backend``) go to every call."""
+    prepared = prepare(model)
+    model = prepared.model
     limit = min(model.max_positions())
     if not 1 <= max_source_length <= limit:
         raise ValueError(f"max_source_length must lie in [1, {limit}] (EOS included), got {max_source_length}")
-    fixed = {"max_len_b", "max_len_a", "forced_length", "batch_size", "step_hook"} & set(generate_options)
+    fixed = {"max_len_b", "max_len_a", "batch_size"} & set(generate_options)
+    if observer is not None and (observer.forced_length is not None or observer.on_step is not None):
+        fixed.add("the observer's forced_length and on_step")
     if fixed:
         raise ValueError(f"warmup decodes three steps per sentence itself; drop {', '.join(sorted(fixed))}")
     word = min(NUM_SPECIALS, model.src_vocab_size - 1)  # any ordinary source word
@@ -481,8 +499,8 @@ def warmup(model: ConvS2SModel, *, max_source_length: int, beam: int = 5, fold_a
 
     def run(S: int, sentences: int) -> None:
         # three steps: the first (eager), a recorded step's warm-up, its recording
-        generate(model, [[word] * (S - 1)] * sentences, beam=beam, max_len_b=2, fold_attention=fold_attention,
-                 **generate_options)
+        generate(prepared, [[word] * (S - 1)] * sentences, beam=beam, max_len_b=2, fold_attention=fold_attention,
+                 observer=observer, **generate_options)
 
     if device.type != "cuda" and "triton" not in (model.backend or ""):
         run(max_source_length, 1)  # nothing to tune but the cpp kernel choice, made at the first step

@@ -74,17 +74,18 @@ class VocabSubset:
     """The output layer restricted to ``ids``: its rows gathered once per batch, scattered back
     into full-vocabulary logits (``-inf`` elsewhere) at every step."""
 
-    def __init__(self, fc3: torch.nn.Module, ids: torch.Tensor):
+    def __init__(self, fc3: torch.nn.Module, ids: torch.Tensor, derived=None):
+        # derived: fc3's convs2s.engine.weights.DerivedWeights (its int8 copy), None for a plain nn.Linear
         self.ids = ids
         self.vocab_size = fc3.out_features
-        quantized = fc3.int8_weight() if hasattr(fc3, "int8_weight") else None
+        quantized = None if derived is None else derived.int8_weight()
         self.bias = None if fc3.bias is None else fc3.bias.detach().index_select(0, ids)
         if quantized is not None:
             self.qweight, self.scale = (t.index_select(0, ids) for t in quantized)
-            self.int8_product = fc3.int8_product()
+            self.int8_product = derived.int8_product()
             # the kernels' layout of the subset (once per batch), where the full weight has one
-            self.int8_extra = fc3.int8_activation_options()
-            if fc3.packs_int8(self.qweight):
+            self.int8_extra = derived.int8_activation_options()
+            if derived.packs_int8(self.qweight):
                 self.int8_extra["packed"] = ck.pack_w8a8_weight(self.qweight)
             self.weight = None
         else:

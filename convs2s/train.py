@@ -31,7 +31,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from convs2s_kernels.tune import measuring as kernel_measuring
 
 from .atomic import append_line, atomic_torch_save, atomic_write_bytes
 from .data import DataError, DataFolder, TokenDataset, batch_by_tokens, collate, open_data_folder, perplexity
@@ -357,8 +356,7 @@ class Trainer:
             return None
         self.model.eval()
         sums = torch.zeros(2, dtype=torch.float64)
-        with kernel_measuring(False):  # many-row products: no few-row kernel to time, on any rank
-            self._validation_sums(self.valid_batches, sums)
+        self._validation_sums(self.valid_batches, sums)  # the model's own forward: no kernel choice to time
         all_reduce_sum(sums, self.info)
         return float(sums[0] / sums[1])
 

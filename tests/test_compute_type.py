@@ -148,7 +148,9 @@ def test_apply_variant_sets_the_dtype_and_the_quantisation(model):
     assert next(model.parameters()).dtype == torch.bfloat16
     ct.apply_variant(model, "fp32")
     assert next(model.parameters()).dtype == torch.float32
-    layers = lambda part: [m for m in part.modules() if hasattr(m, "use_int8")]  # noqa: E731
+    from convs2s.engine import prepare
+
+    layers = lambda part: [d for d in map(prepare(model).derived, part.modules()) if d is not None]  # noqa: E731
     ct.apply_variant(model, "w7a7e")
     dec, enc = layers(model.decoder), layers(model.encoder)
     assert dec and all(m.use_int8 and m.int8_activation_bits == 7 and m.int8_weight_bits == 7 for m in dec)
@@ -170,7 +172,10 @@ def test_measured_end_to_end_on_this_machine(model, monkeypatch, backend):
     monkeypatch.setenv("CONVS2S_TUNE", "1")
     model.use_backend(backend)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    flags = lambda: [(m.use_int8, m.int8_activation_bits) for m in model.modules() if hasattr(m, "use_int8")]  # noqa: E731
+    from convs2s.engine import prepare
+
+    flags = lambda: [(d.use_int8, d.int8_activation_bits)  # noqa: E731
+                     for d in map(prepare(model).derived, model.modules()) if d is not None]
     flags_before = flags()
     choice = ct.choose_decoding(model, "auto", beam=2)
     assert set(choice.seconds) == {"fp32", "bf16"} and all(len(t) == 2 and min(t) > 0 for t in choice.seconds.values())

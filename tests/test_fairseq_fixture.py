@@ -16,6 +16,7 @@ import torch
 
 import convs2s
 import convs2s_kernels as ck
+from convs2s.engine import prepare
 
 
 def load_fixture_model(fixture_dir):
@@ -63,8 +64,8 @@ def test_incremental_reproduces_fairseq_logits(fixture_dir, backend, fold):
     fw = torch.load(fixture_dir / "forward.pt", weights_only=True)
     prev = fw["prev_output_tokens"]
     with torch.no_grad():
-        state = model.init_decoder_state(model.encode(fw["src_tokens"]), fold_attention=fold)
-        steps = [model.decode_step(prev[:, t], state)[0] for t in range(prev.shape[1])]
+        state = prepare(model).init_decoder_state(prepare(model).encode(fw["src_tokens"]), fold_attention=fold)
+        steps = [prepare(model).decode_step(prev[:, t], state)[0] for t in range(prev.shape[1])]
     inc = torch.stack(steps, 1)
     real = prev != 1
     assert (inc - fw["decoder_logits_incremental"])[real].abs().max() <= 1e-5

@@ -8,6 +8,7 @@ import torch
 import convs2s
 from convs2s.special_tokens import EOS, PAD
 from convs2s.generate import GenerationError, length_batches
+from convs2s.engine import quantize_decoder_int8, quantize_encoder_int8
 
 V_SRC, V_TGT = 30, 33
 
@@ -152,8 +153,9 @@ def test_folded_attention_gives_the_same_hypotheses_and_attention(model, beam):
     kw = dict(beam=beam, nbest=beam, max_len_a=1.5, max_len_b=4, return_attention=True)
     plain = convs2s.generate(model, src, **kw)
     folded = convs2s.generate(model, src, fold_attention=True, **kw)
-    plain_forced = convs2s.generate(model, src[:7], forced_length=forced[:7], **kw)
-    folded_forced = convs2s.generate(model, src[:7], forced_length=forced[:7], fold_attention=True, **kw)
+    hooks = convs2s.Observer(forced_length=forced[:7])
+    plain_forced = convs2s.generate(model, src[:7], observer=hooks, **kw)
+    folded_forced = convs2s.generate(model, src[:7], fold_attention=True, observer=hooks, **kw)
     assert [len(h[0]["tokens"]) for h in plain_forced] == [f + 1 for f in forced[:7]]
     plain, folded = plain + plain_forced, folded + folded_forced
     for p, f in zip(plain, folded):
@@ -180,10 +182,12 @@ def test_native_search_step_gives_the_reference_search(model, beam):
     ops = ("beam_candidates", "beam_update")
     runs = {}
     for backend in ("reference", "cpp"):
-        kw["search_backend"] = backend
+        on = convs2s.Observer(search_backend=backend)
+        forcing = convs2s.Observer(search_backend=backend, forced_length=forced)
         with ck.count_dispatches() as counts:
-            runs[backend] = (convs2s.generate(model, src, **kw) + convs2s.generate(model, src, forced_length=forced, **kw)
-                             + convs2s.generate(model, src[:4], return_attention=True, **kw))
+            runs[backend] = (convs2s.generate(model, src, observer=on, **kw)
+                             + convs2s.generate(model, src, observer=forcing, **kw)
+                             + convs2s.generate(model, src[:4], return_attention=True, observer=on, **kw))
         for op in ops:
             assert counts[(op, backend)] > 0 and len([key for key in counts if key[0] == op]) == 1
         assert counts[("decoder_step", "cpp")] == 0  # this small model runs the plain decoder on auto
@@ -250,9 +254,9 @@ def test_decoding_under_inference_mode_equals_no_grad(weights, fold):
                             decoder_layers="[(64, 3)] * 2", encoder_embed_dim=32, decoder_embed_dim=32,
                             decoder_out_embed_dim=32).eval()
     if weights != "fp32":
-        m.quantize_decoder_int8(activations="int7" if weights == "w7a7" else "int8",
+        quantize_decoder_int8(m, activations="int7" if weights == "w7a7" else "int8",
                                 weight_bits=7 if weights == "w7a7" else 8)
-        m.quantize_encoder_int8(activations="int8")
+        quantize_encoder_int8(m, activations="int8")
     src = sources(5)
     kw = dict(beam=3, nbest=3, max_len_a=1.0, max_len_b=4, fold_attention=fold)
     backends = [b for b in ("reference", "cpp") if ck.available_backends()[b] is None]
@@ -296,3 +300,39 @@ def test_a_model_built_under_inference_mode_says_its_weights_cannot_change(monke
         with pytest.warns(UserWarning, match="parameters are inference tensors") as caught:
             out = convs2s.generate(m, sources(2), beam=2, max_len_b=3)
     assert len(out) == 2 and len([w for w in caught if "inference tensors" in str(w.message)]) == 1
+
+
+def test_search_options_are_one_value_and_hooks_an_observer(model):
+    """generate takes its options as one SearchOptions (or any of its fields as keywords, the same
+    search); a measurement hook or an unknown name among them is refused in one line."""
+    src = sources(5)
+    a = convs2s.generate(model, src, convs2s.SearchOptions(beam=3, nbest=2, max_len_b=6))
+    b = convs2s.generate(model, src, beam=3, nbest=2, max_len_b=6)
+    c = convs2s.generate(model, src, convs2s.SearchOptions(beam=2), beam=3, nbest=2, max_len_b=6)  # fields win
+    for x, y, z in zip(a, b, c):
+        assert [h["tokens"].tolist() for h in x] == [h["tokens"].tolist() for h in y] == [h["tokens"].tolist() for h in z]
+    steps = []
+    convs2s.generate(model, [[5, 6, 7]] * 2, beam=2, max_len_b=6, observer=convs2s.Observer(on_step=steps.append))
+    assert steps[0] == -1 and steps[1:] == list(range(len(steps) - 1))  # one batch: encoded, then each step
+    with pytest.raises(TypeError, match=r"unknown search option\(s\) forced_length: .*observer=Observer"):
+        convs2s.generate(model, src, forced_length=[3] * 5)
+    with pytest.raises(TypeError, match=r"unknown search option\(s\) beams: choose from "):
+        convs2s.generate(model, src, beams=3)
+
+
+def test_a_model_has_one_preparation_and_a_copy_prepares_anew(model):
+    """prepare(model) is the same object each time (its derived weights reused by every generate);
+    a deep copy of the model starts without the original's int8 setting or copies."""
+    import copy
+
+    from convs2s.engine import PreparedModel, prepare
+
+    p = prepare(model)
+    assert isinstance(p, PreparedModel) and prepare(model) is p and prepare(p) is p and p.model is model
+    quantize_decoder_int8(model)
+    try:
+        twin = copy.deepcopy(model)
+        assert prepare(twin) is not p and prepare(twin).model is twin
+        assert not prepare(twin).derived(twin.decoder.fc1).use_int8 and p.derived(model.decoder.fc1).use_int8
+    finally:
+        quantize_decoder_int8(model, False)

@@ -61,8 +61,8 @@ class HostReads(TorchFunctionMode):
 def count_reads(model, sources, forced, beam, **kw):
     steps = []
     with HostReads() as mode:
-        convs2s.generate(model, sources, beam=beam, forced_length=forced, max_len_b=max(forced) + 2,
-                         step_hook=steps.append, **kw)
+        hooks = convs2s.Observer(forced_length=forced, on_step=steps.append)
+        convs2s.generate(model, sources, beam=beam, max_len_b=max(forced) + 2, observer=hooks, **kw)
     return mode, len(steps) - 1  # the hook is called once before the first step
 
 

@@ -8,6 +8,7 @@ import torch
 from convs2s.model import build_model
 from convs2s_kernels.huge_pages import MIN_BYTES, move_to_huge_pages, on_huge_pages
 from harness import require_or_skip
+from convs2s.engine import prepare
 
 HUGE = 2 << 20
 
@@ -46,11 +47,12 @@ def test_the_decoder_streams_its_linear_weights_and_packed_convolutions_from_hug
     fc3 = model.decoder.fc3.weight  # 8000 x 256 floats: 8 MB
     before = fc3.detach().clone()
     with torch.no_grad():
-        model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2)
-        packed = model.decoder.convolutions[0].step_packed()
+        prepare(model).init_decoder_state(prepare(model).encode(torch.tensor([[5, 6, 2]])), beam=2)
+        conv = prepare(model).derived(model.decoder.convolutions[0])
+        packed = conv.step_packed()
     assert model.decoder.fc3.weight is fc3 and fc3.data_ptr() % HUGE == 0 and torch.equal(fc3.detach(), before)
     assert packed is not None and packed.numel() * packed.element_size() >= MIN_BYTES
     assert packed.data_ptr() % HUGE == 0
     model.train()
-    assert model.decoder.convolutions[0].step_packed() is None  # training reads the weight itself
-    assert model.decoder.convolutions[0]._packed is None  # and the packed copy is let go
+    assert conv.step_packed() is None  # training reads the weight itself
+    assert conv.packed_now is None  # and the packed copy is let go

@@ -3,6 +3,7 @@
 * nothing outside ``convs2s_kernels`` touches one of its names starting with ``_``;
 * the model package imports nothing from the benchmarks (``convs2s_bench``) at import time;
 * every op has its folder with the public function, its reference and its backends' glue;
+* the model modules are the paper's model: no engine machinery imported or named, fairseq's size;
 * no function in the packages is 60 lines or longer.
 """
 
@@ -67,6 +68,45 @@ def test_the_model_package_does_not_import_the_benchmarks():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(n.startswith("convs2s_bench") for n in names), f"{path.name} imports {names}"
+
+
+MODEL_MODULES = ["layers", "encoder", "decoder", "model", "architectures"]
+# what belongs to the decoding engine (convs2s.engine), never to the model's modules
+ENGINE_IMPORTS = ("convs2s.engine", "convs2s_kernels.tune", "convs2s_kernels.huge_pages", "convs2s_kernels.dispatch")
+ENGINE_NAMES = ("int8", "w8a8", "packed", "pack_", "huge_page", "tune", "make_static", "static_step", "fused", "quantize",
+                "fold_attention")
+FCONV_LINES = 756 + 125  # fairseq's fconv.py and LinearizedConvolution
+
+
+def model_module_findings(source: str) -> list:
+    """Imports of the engine's machinery and identifiers naming it (int8, packing, kernel choice,
+    step modes) in a model module's source."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"line {node.lineno}: imports {m}" for m in modules if m.startswith(ENGINE_IMPORTS)]
+            if isinstance(node, ast.ImportFrom) and node.level and (node.module or "").startswith("engine"):
+                found.append(f"line {node.lineno}: imports .{node.module}")
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else \
+            node.name if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+            node.arg if isinstance(node, ast.arg) else None
+        if name and any(word in name.lower() for word in ENGINE_NAMES):
+            found.append(f"line {node.lineno}: {name}")
+    return found
+
+
+def test_the_model_modules_are_the_paper_alone():
+    found = {m: model_module_findings((REPO / "convs2s" / f"{m}.py").read_text()) for m in MODEL_MODULES}
+    assert not any(found.values()), f"engine machinery in the model: {found}"
+    lines = sum(len((REPO / "convs2s" / f"{m}.py").read_text().splitlines()) for m in MODEL_MODULES)
+    assert lines <= FCONV_LINES, f"the model modules hold {lines} lines, fairseq's fconv {FCONV_LINES}"
+
+
+def test_the_model_module_check_can_fail():
+    source = ("from convs2s_kernels.tune import ensure\nfrom .engine import prepare\n"
+              "def f(m):\n    m.use_int8 = True\n    return m.step_packed()\n")
+    assert len(model_module_findings(source)) == 4
 
 
 @pytest.mark.parametrize("op", OPS)

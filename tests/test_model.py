@@ -14,6 +14,7 @@ from convs2s.special_tokens import EOS, PAD
 from convs2s_kernels.ops.conv_glu import conv_glu_ref
 from convs2s_kernels.testing import assert_close
 from harness import require_or_skip, required_backends
+from convs2s.engine import prepare, quantize_decoder_int8, quantize_encoder_int8
 
 V_SRC, V_TGT = 37, 41
 
@@ -35,10 +36,19 @@ def small(arch, **kw):
     return convs2s.build_model(arch, V_SRC, V_TGT, **kw).eval()
 
 
-def step_logits(model, src, prev, beam=1):
+def plain_step_logits(model, src, prev):
+    """The model's own incremental step (Decoder.forward_step), no engine."""
     with torch.no_grad():
-        state = model.init_decoder_state(model.encode(src), beam)
-        outs = [model.decode_step(prev[:, t], state, need_attn=True) for t in range(prev.shape[1])]
+        state = model.decoder.init_incremental_state(model.encode(src))
+        outs = [model.decoder.forward_step(prev[:, t], state) for t in range(prev.shape[1])]
+    return torch.stack([o[0] for o in outs], 1), torch.stack([o[1] for o in outs], 1)
+
+
+def step_logits(model, src, prev, beam=1):
+    """The engine's step (convs2s.engine: the prepared model's)."""
+    with torch.no_grad():
+        state = prepare(model).init_decoder_state(prepare(model).encode(src), beam)
+        outs = [prepare(model).decode_step(prev[:, t], state, need_attn=True) for t in range(prev.shape[1])]
     return torch.stack([o[0] for o in outs], 1), torch.stack([o[1] for o in outs], 1)
 
 
@@ -48,9 +58,32 @@ def test_incremental_equals_full_forward_named_arch(arch):
     src, prev = random_batch(2, 6, 5, lengths=[6, 3])
     with torch.no_grad():
         full, attn = model(src, None, prev)
-    inc, inc_attn = step_logits(model, src, prev)
-    assert (inc - full).abs().max() <= 1e-5
-    assert (inc_attn - attn).abs().max() <= 1e-5
+    for steps in (step_logits, plain_step_logits):
+        inc, inc_attn = steps(model, src, prev)
+        assert (inc - full).abs().max() <= 1e-5, steps.__name__
+        assert (inc_attn - attn).abs().max() <= 1e-5, steps.__name__
+
+
+def test_the_plain_step_follows_a_beam_reorder_with_repeated_parents_in_float64():
+    """The model's own step with its state reordered (repeated parents) gives each row the full
+    forward's logits for its reconstructed history, in float64 on an odd custom stack."""
+    model = small("custom", **CUSTOM).double()
+    src, _ = random_batch(2, 7, 1, lengths=[7, 4])
+    rows = src.repeat_interleave(3, 0)
+    gen = torch.Generator().manual_seed(5)
+    history = torch.full((6, 1), EOS, dtype=torch.long)
+    with torch.no_grad():
+        state = model.decoder.init_incremental_state(model.encode(rows))
+        for t in range(5):
+            logits, _ = model.decoder.forward_step(history[:, -1], state)
+            full, _ = model(rows, None, history)
+            torch.testing.assert_close(logits, full[:, -1], atol=1e-10, rtol=1e-10)
+            parents = (torch.arange(6) // 3) * 3 + torch.randint(0, 3, (6,), generator=gen)  # within its sentence
+            parents[1] = parents[0]  # a repeated parent
+            history = torch.cat([history.index_select(0, parents), torch.randint(4, V_TGT, (6, 1), generator=gen)], 1)
+            state.reorder(parents)
+        with pytest.raises(ValueError, match="tokens must have shape"):
+            model.decoder.forward_step(history[:3, -1], state)
 
 
 CUSTOM = dict(
@@ -87,9 +120,9 @@ def test_incremental_beam_reorder_with_repeated_parents(arch):
     history = torch.full((N, 1), EOS, dtype=torch.long)
     rows_logits = []
     with torch.no_grad():
-        state = model.init_decoder_state(model.encode(src), beam)
+        state = prepare(model).init_decoder_state(prepare(model).encode(src), beam)
         for t in range(T):
-            logits, _ = model.decode_step(history[:, -1], state)
+            logits, _ = prepare(model).decode_step(history[:, -1], state)
             rows_logits.append(logits)
             # parents chosen within each sentence, with repeats (e.g. [1, 1, 0])
             parents = torch.randint(0, beam, (B, beam), generator=gen)
@@ -99,7 +132,7 @@ def test_incremental_beam_reorder_with_repeated_parents(arch):
             history = torch.cat([history.index_select(0, parents), new_tok], 1)
             rows_logits = [l.index_select(0, parents) for l in rows_logits]
             state.reorder(parents)
-        logits, _ = model.decode_step(history[:, -1], state)
+        logits, _ = prepare(model).decode_step(history[:, -1], state)
         rows_logits.append(logits)
         inc = torch.stack(rows_logits, 1)
         full, _ = model(src.repeat_interleave(beam, 0), None, history)
@@ -256,33 +289,36 @@ def test_bad_configs():
         convs2s.build_model("fconv_iwslt_de_en", 4, 10)
 
 
-def test_backend_none_means_the_dispatchers_default_in_layers_as_in_the_ops(monkeypatch):
-    """None: the dispatcher's default (CONVS2S_KERNELS_BACKEND, else auto), for a Linear and a
-    convolution step as for every op; a Linear's own default, NO_DISPATCH, is plain F.linear."""
-    from convs2s.layers import NO_DISPATCH, ConvTBCWeight, Linear, apply_linear
+def test_backend_none_means_the_dispatchers_default_in_the_engines_products_as_in_the_ops(monkeypatch):
+    """None: the dispatcher's default (CONVS2S_KERNELS_BACKEND, else auto), for a Linear's and a
+    convolution step's product on derived weights as for every op; NO_DISPATCH and the model's own
+    layers are plain F.linear, whatever the engine derived (int8 included)."""
+    from convs2s.engine.weights import NO_DISPATCH, DerivedWeights, conv_step, linear
+    from convs2s.layers import ConvTBCWeight, Linear
 
     torch.manual_seed(0)
     lin, conv = Linear(16, 8), ConvTBCWeight(8, 16, 3)
+    dl, dc = DerivedWeights(lin), DerivedWeights(conv)
     x, x_t, state = torch.randn(2, 16), torch.randn(2, 8), torch.zeros(2, 2, 8)
     monkeypatch.setenv("CONVS2S_KERNELS_BACKEND", "reference")
     with torch.no_grad(), ck.count_dispatches() as counts:
         plain = lin(x)
-        assert torch.equal(lin(x, NO_DISPATCH), plain) and torch.equal(apply_linear(lin, x), plain)
+        assert torch.equal(linear(dl, lin, x, NO_DISPATCH), plain) and torch.equal(linear(dl, lin, x), plain)
         assert not counts, "NO_DISPATCH (the default) goes through no op"
-        torch.testing.assert_close(lin(x, None), plain)
-        apply_linear(lin, x, None)
-        conv.step(x_t, state, None, None)
+        torch.testing.assert_close(linear(dl, lin, x, None), plain)
+        linear(dl, lin, x, None)
+        conv_step(dc, x_t, state, None, None)
         assert counts == {("linear", "reference"): 2, ("conv_step", "reference"): 1}
         counts.clear()
-        lin.use_int8 = conv.use_int8 = True  # int8 weights serve dispatched (decoding) calls only
+        dl.use_int8 = dc.use_int8 = True  # int8 weights serve the engine's dispatched calls only
         assert torch.equal(lin(x), plain) and not counts
-        lin(x, None)
-        conv.step(x_t, state, None, None)
+        linear(dl, lin, x, None)
+        conv_step(dc, x_t, state, None, None)
         assert counts == {("linear_w8a8", "reference"): 2}, "int8 activations by default"
         counts.clear()
-        lin.int8_activations = conv.int8_activations = False  # weight-only int8
-        lin(x, None)
-        conv.step(x_t, state, None, None)
+        dl.int8_activations = dc.int8_activations = False  # weight-only int8
+        linear(dl, lin, x, None)
+        conv_step(dc, x_t, state, None, None)
         assert counts == {("linear_int8", "reference"): 2}
 
 
@@ -332,7 +368,7 @@ def test_int8_decoding_is_close_to_fp32_and_equal_across_backends(activations):
     fp32, _ = step_logits(model, src, prev)
     with torch.no_grad():
         full_before, _ = model(src, None, prev)
-    model.quantize_decoder_int8(activations=activations)
+    quantize_decoder_int8(model, activations=activations)
     with torch.no_grad():
         full_after, _ = model(src, None, prev)
     assert torch.equal(full_before, full_after), "int8 is for decoding steps only: the full forward is untouched"
@@ -350,16 +386,16 @@ def test_int8_decoding_is_close_to_fp32_and_equal_across_backends(activations):
     if "cpp" in per_backend:
         torch.testing.assert_close(per_backend["cpp"], int8, atol=1e-5, rtol=1e-4)
     if activations == "int7":  # the 7 bits reach the products: coarser than 8, yet close to fp32
-        model.quantize_decoder_int8(activations="int8").use_backend("reference")
+        quantize_decoder_int8(model, activations="int8").use_backend("reference")
         eight, _ = step_logits(model, src, prev)
         model.use_backend(None)
         assert not torch.equal(eight, int8)
         assert (eight - fp32).norm() < (int8 - fp32).norm()
-    model.quantize_decoder_int8(False)
+    quantize_decoder_int8(model, False)
     again, _ = step_logits(model, src, prev)
     assert torch.equal(again, fp32), "turning int8 off restores the float32 weights exactly"
     with pytest.raises(ValueError, match="activations must be one of 'int8', 'int7', 'float', got 'fp8'"):
-        model.quantize_decoder_int8(activations="fp8")
+        quantize_decoder_int8(model, activations="fp8")
 
 
 @torch.no_grad()
@@ -371,24 +407,26 @@ def test_an_int8_step_folds_attention_in_int8(bits, backend):
     stays), the values through the out projection's own int8 weight; no float products. Equal to
     the reference op on the same quantised weights, close to the float fold, and a change of the
     weight bits is a new quantisation."""
-    from convs2s.decoder import FoldedAttention
+    from convs2s.engine.state import FoldedAttention
 
     if backend == "cpp":
         require_or_skip("cpp")
     activation_bits, weight_bits = bits
     model = convs2s.build_model("fconv_iwslt_de_en", 50, 60).eval()
-    model.quantize_decoder_int8(True, activations="int7" if activation_bits == 7 else "int8", weight_bits=weight_bits)
+    quantize_decoder_int8(model, True, activations="int7" if activation_bits == 7 else "int8", weight_bits=weight_bits)
     g = torch.Generator().manual_seed(7)
     enc = model.encode(torch.cat([torch.randint(4, 50, (3, 29), generator=g), torch.full((3, 1), 2)], 1))
-    layers = [a for a in model.decoder.attention if a is not None]
+    attention = [a for a in model.decoder.attention if a is not None]
+    d = prepare(model).derived
+    layers = [(d(a.in_projection), d(a.out_projection)) for a in attention]
     cpu = [torch.profiler.ProfilerActivity.CPU]
     with ck.count_dispatches() as counts, torch.profiler.profile(activities=cpu) as prof:
-        folded = [FoldedAttention(a, enc, backend=backend) for a in layers]
+        folded = [FoldedAttention(inp, out, enc, backend=backend) for inp, out in layers]
     assert counts[("linear_w8a8", backend)] == 2 * len(layers) and counts[("linear", backend)] == 0
     if backend == "cpp":  # (the reference op itself multiplies with aten::mm)
         assert not any(e.name in ("convs2s::few_rows_kn_packed", "aten::mm", "aten::addmm") for e in prof.events())
     opts = dict(activation_bits=activation_bits, weight_bits=weight_bits)
-    for a, f in zip(layers, folded):
+    for a, f in zip(attention, folded):
         w_in, w_out = a.in_projection.effective_weight(), a.out_projection.effective_weight()
         q_in, s_in = ck.quantize_int8(w_in.t(), bits=weight_bits)
         q_out, s_out = ck.quantize_int8(w_out, bits=weight_bits)
@@ -397,20 +435,20 @@ def test_an_int8_step_folds_attention_in_int8(bits, backend):
         for got, want in ((f.z_in, torch.matmul(enc.z, w_in)), (f.y_out, torch.matmul(enc.y, w_out.t()))):
             rel = ((got - want).norm() / want.norm()).item()
             assert 0 < rel < (0.05 if 7 in bits else 0.02), rel
-    keys = layers[0].in_projection.fold_int8(transposed=True)
-    assert keys is layers[0].in_projection.fold_int8(transposed=True)  # kept while the weight stays
-    assert (keys[2] is not None) == (layers[0].in_projection.packs_int8(keys[0]))
+    inp, out = layers[0]
+    keys = inp.fold_int8(transposed=True)
+    assert keys is inp.fold_int8(transposed=True)  # kept while the weight stays
+    assert (keys[2] is not None) == (inp.packs_int8(keys[0]))
     other = 8 if weight_bits == 7 else 7
-    model.quantize_decoder_int8(True, activations="int7", weight_bits=other)
-    again = layers[0].in_projection.fold_int8(transposed=True)
+    quantize_decoder_int8(model, True, activations="int7", weight_bits=other)
+    again = inp.fold_int8(transposed=True)
     widest = int(again[0].abs().max())
     assert (widest <= 63 if other == 7 else widest > 63) and not torch.equal(again[0], keys[0])
     with torch.enable_grad():  # with gradients the fold multiplies the float weights
-        assert layers[0].in_projection.fold_int8(transposed=True) is None and layers[0].out_projection.fold_int8() is None
-    out_copies = layers[0].out_projection.__dict__.get("_packs", {})
-    assert not any(slot.startswith("fold-int8") for slot in out_copies)  # W_out^T is never quantised
-    model.quantize_decoder_int8(True, activations="float")
-    assert layers[0].in_projection.fold_int8(transposed=True) is None  # float activations fold in float
+        assert inp.fold_int8(transposed=True) is None and out.fold_int8() is None
+    assert not any(slot.startswith("fold-int8") for slot in out._packs)  # W_out^T is never quantised
+    quantize_decoder_int8(model, True, activations="float")
+    assert inp.fold_int8(transposed=True) is None  # float activations fold in float
 
 
 @pytest.mark.parametrize("part", ["decoder", "encoder"])
@@ -421,11 +459,11 @@ def test_seven_bit_weights_decode_close_to_fp32_and_equal_across_backends(part):
     model = small("custom", **CUSTOM) if part == "encoder" else small("fconv_iwslt_de_en")
     src, prev = random_batch(2, 6, 5, lengths=[6, 3])
     fp32, _ = step_logits(model, src, prev)
-    quantize = getattr(model, f"quantize_{part}_int8")
+    quantize = getattr(prepare(model), f"quantize_{part}_int8")
     outs, weight_error = {}, {}
     for bits in (8, 7):
         quantize(activations="int7", weight_bits=bits)
-        modules = [m for m in getattr(model, part).modules() if getattr(m, "use_int8", False)]
+        modules = [d for d in map(prepare(model).derived, getattr(model, part).modules()) if d and d.use_int8]
         weights = [m.int8_weight() for m in modules]
         assert weights and max(int(q.abs().max()) for q, _ in weights) == (63 if bits == 7 else 127)
         weight_error[bits] = sum(float((q.float() * s.unsqueeze(1) - m._int8_matrix().detach()).abs().sum())
@@ -458,15 +496,15 @@ def test_int8_encoding_is_close_to_fp32_and_equal_across_backends(activations):
     model = small("custom", **CUSTOM)
     src, _ = random_batch(3, 7, 2, lengths=[7, 2, 5])
     with torch.no_grad():
-        fp32 = model.encode(src)
-    model.quantize_encoder_int8(activations=activations)
+        fp32 = prepare(model).encode(src)
+    quantize_encoder_int8(model, activations=activations)
     per_backend = {}
     for backend in ("reference", "cpp"):
         if ck.available_backends()[backend] is not None:
             assert backend not in required_backends(), ck.available_backends()[backend]
             continue
         with torch.no_grad():
-            per_backend[backend] = model.use_backend(backend).encode(src)
+            per_backend[backend] = prepare(model.use_backend(backend)).encode(src)
     model.use_backend(None)
     int8 = per_backend["reference"]
     assert torch.equal(int8.pad_mask, fp32.pad_mask) and torch.equal(int8.src_lengths, fp32.src_lengths)
@@ -475,35 +513,37 @@ def test_int8_encoding_is_close_to_fp32_and_equal_across_backends(activations):
         assert 0 < rel < 0.05, f"int8 encoder outputs differ from fp32 by {rel:.3f} (relative L2)"
     if "cpp" in per_backend:
         torch.testing.assert_close(per_backend["cpp"].z, int8.z, atol=1e-5, rtol=1e-4)
-    trained = model.encode(src)  # gradients on: the float32 encoder
+    trained = prepare(model).encode(src)  # gradients on: the float32 encoder
     torch.testing.assert_close(trained.z, fp32.z, atol=1e-6, rtol=1e-5)
-    model.quantize_encoder_int8(False)
+    quantize_encoder_int8(model, False)
     with torch.no_grad():
-        assert torch.equal(model.encode(src).z, fp32.z), "turning int8 off restores the float32 encoder"
+        assert torch.equal(prepare(model).encode(src).z, fp32.z), "turning int8 off restores the float32 encoder"
 
 
 def test_int8_sequence_rows_are_the_decoding_steps_windows():
-    """A causal int8_sequence over T steps equals T int8 decoding steps of the same convolution
+    """A causal conv_int8_sequence over T steps equals T int8 decoding steps of the same convolution
     (each step's window one row, quantised alike), bit for bit; centred, it equals the causal one
     shifted by the left padding."""
+    from convs2s.engine.weights import DerivedWeights, conv_int8_sequence, conv_step
+
     torch.manual_seed(3)
-    conv = convs2s.layers.ConvTBCWeight(6, 10, 4).eval()
+    conv = DerivedWeights(convs2s.layers.ConvTBCWeight(6, 10, 4).eval())
     conv.use_int8 = True
     x = torch.randn(2, 5, 6)
     with torch.no_grad():
-        seq = conv.int8_sequence(x, causal=True, backend="reference")
+        seq = conv_int8_sequence(conv, x, causal=True, backend="reference")
         state = torch.zeros(2, 3, 6)
         steps = []
         for t in range(5):
-            out, state = conv.step(x[:, t], state, None, backend="reference")
+            out, state = conv_step(conv, x[:, t], state, None, backend="reference")
             steps.append(out)
         assert torch.equal(seq, torch.stack(steps, 1))
-        centred = conv.int8_sequence(x, causal=False, backend="reference")  # k = 4: one step left, two right
-        padded = conv.int8_sequence(torch.cat([x, torch.zeros(2, 2, 6)], 1), causal=True, backend="reference")
+        centred = conv_int8_sequence(conv, x, causal=False, backend="reference")  # k = 4: one step left, two right
+        padded = conv_int8_sequence(conv, torch.cat([x, torch.zeros(2, 2, 6)], 1), causal=True, backend="reference")
         assert torch.equal(centred, padded[:, 2:])
         pad_mask = torch.tensor([[False] * 5, [False, False, False, True, True]])
-        masked = conv.int8_sequence(x, causal=False, pad_mask=pad_mask, backend="reference")
-        zeroed = conv.int8_sequence(x.masked_fill(pad_mask.unsqueeze(-1), 0.0), causal=False, backend="reference")
+        masked = conv_int8_sequence(conv, x, causal=False, pad_mask=pad_mask, backend="reference")
+        zeroed = conv_int8_sequence(conv, x.masked_fill(pad_mask.unsqueeze(-1), 0.0), causal=False, backend="reference")
         assert torch.equal(masked, zeroed), "padded steps' inputs zeroed before the windows"
         assert not torch.equal(masked, centred), "the padded steps' inputs reached the unmasked windows"
         # float activations (linear_int8): conv_glu's ground truth on the dequantised weight
@@ -511,11 +551,11 @@ def test_int8_sequence_rows_are_the_decoding_steps_windows():
         qweight, scale = conv.int8_weight()
         dequantised = (qweight.double() * scale.double()[:, None]).t().reshape(4, 6, 10)
         want = conv_glu_ref(x.double(), dequantised, conv.bias.double(), causal=False, pad_mask=pad_mask)
-        got = conv.int8_sequence(x, causal=False, pad_mask=pad_mask, backend="reference")
+        got = conv_int8_sequence(conv, x, causal=False, pad_mask=pad_mask, backend="reference")
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
     conv.use_int8 = False
-    with pytest.raises(RuntimeError, match="needs the int8 weight"):
-        conv.int8_sequence(x, causal=True)
+    with pytest.raises(RuntimeError, match="needs int8 on"):
+        conv_int8_sequence(conv, x, causal=True)
 
 
 @pytest.mark.parametrize("variant", ["fp32", "bf16", "int8", "int8-weights-only", "int7"])
@@ -528,15 +568,15 @@ def test_one_call_decoder_step_equals_the_layer_loop(variant):
     model = small("custom", **CUSTOM).use_backend("cpp")
     if variant == "bf16":
         model.to(torch.bfloat16)
-    model.quantize_decoder_int8(variant.startswith("int"), activations={"int8-weights-only": "float", "int7": "int7"}
+    quantize_decoder_int8(model, variant.startswith("int"), activations={"int8-weights-only": "float", "int7": "int7"}
                                 .get(variant, "int8"))
     sources = [[5, 9, 11, 7], [13, 6, 8, 4], [20, 21, 22, 23], [30, 5, 6, 9]]
     runs = {}
     for one_call in (True, False):
-        model.decoder.fused_step = one_call
+        prepare(model).fused_step = one_call
         runs[one_call] = convs2s.generate(model, sources, beam=3, nbest=3, max_len_b=7, fold_attention=True,
                                           return_attention=True)
-    model.decoder.fused_step = True
+    prepare(model).fused_step = True
     exact = variant == "bf16"
     for a, b in zip(runs[True], runs[False]):
         for h, g in zip(a, b):
@@ -548,6 +588,6 @@ def test_one_call_decoder_step_equals_the_layer_loop(variant):
                 assert abs(h["score"] - g["score"]) <= 1e-6 * max(1.0, abs(g["score"]))
                 torch.testing.assert_close(h["attention"], g["attention"], atol=1e-6, rtol=1e-5)
     with torch.no_grad():
-        state = model.init_decoder_state(model.encode(torch.tensor([s + [2] for s in sources])), 1, fold_attention=True)
-        model.decode_step(torch.full((4,), 2), state)
-    assert state.fused_ok, "the one-call step ran"
+        state = prepare(model).init_decoder_state(prepare(model).encode(torch.tensor([s + [2] for s in sources])), 1, fold_attention=True)
+        prepare(model).decode_step(torch.full((4,), 2), state)
+    assert state.fused, "the one-call step ran"

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import convs2s
+from convs2s.engine import quantize_decoder_int8
 from convs2s.cli import main
 from convs2s.data import DataError
 from convs2s.dictionary import Dictionary
@@ -46,7 +47,7 @@ SOURCES = [[5, 9, 11, 7], [13, 6, 8], [20, 21, 22, 23]]
 
 @pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
 def test_full_vocabulary_shortlist_changes_nothing(int8):
-    model = small("fconv_iwslt_de_en").quantize_decoder_int8(int8)
+    model = quantize_decoder_int8(small("fconv_iwslt_de_en"), int8)
     full = Shortlist({}, V_TGT, top=V_TGT)
     want = convs2s.generate(model, SOURCES, beam=3, nbest=3, max_len_b=6)
     got = convs2s.generate(model, SOURCES, beam=3, nbest=3, max_len_b=6, shortlist=full)

@@ -14,6 +14,7 @@ from convs2s_bench.speed_table import run
 from convs2s_bench.workload import NEWSTEST_LENGTHS, synthetic_lengths
 
 from conftest import SHARED, require_shared
+from convs2s.engine import quantize_decoder_int8
 
 TINY = ["--arch", "fconv_iwslt_de_en", "--vocab", "64", "--threads", "1"]
 
@@ -43,8 +44,8 @@ def test_generation_flops_match_the_counted_matmuls(folded):
     sources = [torch.randint(4, 64, (9,)).tolist() for _ in range(3)]
     model.use_backend("reference")
     with FlopCounterMode(display=False) as counter:
-        hyps = convs2s.generate(model, sources, beam=2, max_len_a=1.2, max_len_b=10, forced_length=[10] * 3,
-                                fold_attention=folded)
+        hyps = convs2s.generate(model, sources, beam=2, max_len_a=1.2, max_len_b=10, fold_attention=folded,
+                                observer=convs2s.Observer(forced_length=[10] * 3))
     lengths = [len(h[0]["tokens"]) for h in hyps]
     assert lengths == [11] * 3
     estimate = generation_flops(model, [9] * 3, lengths, beam=2, folded=folded)
@@ -177,10 +178,10 @@ def test_decoder_step_bytes_count_the_stored_dtype():
     fp32 = decoder_step_bytes(model)
     weights = sum(p.numel() for n, p in model.decoder.named_parameters() if p.dim() >= 2 and "embed_" not in n)
     assert fp32 == 4 * weights
-    model.quantize_decoder_int8(True)
+    quantize_decoder_int8(model, True)
     int8 = decoder_step_bytes(model)
     assert 0.25 * fp32 < int8 < 0.3 * fp32  # int8 plus a float32 scale per row
-    model.quantize_decoder_int8(False)
+    quantize_decoder_int8(model, False)
     fc3 = model.decoder.fc3.weight.numel()
     assert decoder_step_bytes(model, vocab_rows=8) == fp32 - 4 * fc3 + 4 * fc3 * 8 // 80
 
@@ -301,17 +302,19 @@ def test_fractions_of_peak_above_one_are_a_bug():
 def test_speed_table_int8_dtypes_quantise_as_named(dtype, activation_bits, weight_bits):
     """int7 and w7a7 rows decode with the decoder quantised to those widths, on a copy of the model."""
     from convs2s.model import build_model
-    from convs2s.step_shapes import step_weight_modules
+    from convs2s.engine.shapes import step_weight_modules
     from convs2s_bench.speed_table import Config, Models
 
     base = build_model("fconv_iwslt_de_en", 64, 64).eval()
     model = Models(base, torch.device("cpu")).get(Config("reference", "plain", dtype))
-    layers = list(step_weight_modules(model.decoder))
+    from convs2s.engine import prepare
+
+    layers = [prepare(model).derived(m) for m in step_weight_modules(model.decoder)]
     assert layers and all(m.use_int8 for m in layers)
     assert {(m.int8_activation_bits, m.int8_weight_bits) for m in layers} == {(activation_bits, weight_bits)}
     top = max(m.int8_weight()[0].abs().max().item() for m in layers)
     assert top == (1 << (weight_bits - 1)) - 1  # per-row scales reach the top of the width
-    assert not any(getattr(m, "use_int8", False) for m in step_weight_modules(base.decoder))  # a copy
+    assert not any(prepare(base).derived(m).use_int8 for m in step_weight_modules(base.decoder))  # a copy
 
 
 def test_speed_table_times_w7a7_rows(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""A decoding step recorded once and replayed (``convs2s.step_graph``), checked on a CPU.
+"""A decoding step recorded once and replayed (``convs2s.engine.graph``), checked on a CPU.
 
 The op recorder holds a step to a CUDA graph's contract: a replay re-runs the recorded ATen
 operations with the scalars they were recorded with, into the buffers they wrote. So a step
@@ -14,13 +14,14 @@ import pytest
 import torch
 
 import convs2s
-import convs2s.decoder as decoder_module
-import convs2s.step_graph as step_graph
+import convs2s.engine.step as step_module
+import convs2s.engine.graph as step_graph
 import convs2s_kernels as ck
 from convs2s_kernels.internal import trusted_indices
-from convs2s.step_graph import OpRecorder, StepGraph, StepGraphError, recorder_factory
+from convs2s.engine.graph import OpRecorder, StepGraph, StepGraphError, recorder_factory
 from harness import require_or_skip
 from test_host_reads import HostReads
+from convs2s.engine import prepare, quantize_decoder_int8
 
 
 # --- the recorder itself ------------------------------------------------------------------------
@@ -101,12 +102,17 @@ def test_the_choice_of_recorder_is_checked():
         recorder_factory(True, cpu)
     model = convs2s.build_model("fconv_iwslt_de_en", 20, 20).eval()
     with pytest.raises(ValueError, match="cuda_graph must be None, True, False or 'record-ops'"):
-        convs2s.generate(model, [[5, 6]], cuda_graph="yes")
+        convs2s.generate(model, [[5, 6]], observer=convs2s.Observer(cuda_graph="yes"))
 
 
 # --- recorded decoding ----------------------------------------------------------------------------
 SOURCES = [[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16], [17, 18, 19, 20], [21, 22, 23, 24]]
 FORCED = [9, 20, 3, 14, 6]  # sentences finishing at different steps: the batch shrinks in stages
+
+
+def forced(cuda_graph) -> convs2s.Observer:
+    """The search's hooks here: every sentence forced to its FORCED length, the step recorded or not."""
+    return convs2s.Observer(forced_length=FORCED, cuda_graph=cuda_graph)
 
 
 @pytest.fixture(scope="module")
@@ -151,10 +157,9 @@ def replays(monkeypatch):
 @pytest.mark.parametrize("fold_attention", [False, True], ids=["plain", "folded"])
 @pytest.mark.parametrize("beam", [1, 5])
 def test_recorded_steps_give_the_same_nbest_lists(model, replays, beam, fold_attention, return_attention):
-    kw = dict(beam=beam, nbest=beam, forced_length=FORCED, max_len_b=22, fold_attention=fold_attention,
-              return_attention=return_attention)
-    want = convs2s.generate(model, SOURCES, cuda_graph=False, **kw)
-    got = convs2s.generate(model, SOURCES, cuda_graph="record-ops", **kw)
+    kw = dict(beam=beam, nbest=beam, max_len_b=22, fold_attention=fold_attention, return_attention=return_attention)
+    want = convs2s.generate(model, SOURCES, observer=forced(False), **kw)
+    got = convs2s.generate(model, SOURCES, observer=forced("record-ops"), **kw)
     _assert_same_nbest(got, want, return_attention)
     assert all(len(h[0]["tokens"]) == n + 1 for h, n in zip(got, FORCED))
     # 21 steps, the first eager; done sentences leave once they are half the batch: 5 -> 2 -> 1
@@ -168,11 +173,11 @@ def test_recorded_int8_and_shortlist_steps_give_the_same_nbest_lists(model, repl
     m = convs2s.build_model("fconv_iwslt_de_en", 40, 40).eval()
     m.load_state_dict(model.state_dict())
     m.backend = "reference"
-    m.quantize_decoder_int8()
+    quantize_decoder_int8(m)
     shortlist = Shortlist({s: [s % 7 + 10, s % 5 + 20] for s in range(4, 40)}, 40, top=8)
-    kw = dict(beam=3, nbest=2, forced_length=FORCED, max_len_b=22, fold_attention=True, shortlist=shortlist)
-    want = convs2s.generate(m, SOURCES, cuda_graph=False, **kw)
-    got = convs2s.generate(m, SOURCES, cuda_graph="record-ops", **kw)
+    kw = dict(beam=3, nbest=2, max_len_b=22, fold_attention=True, shortlist=shortlist)
+    want = convs2s.generate(m, SOURCES, observer=forced(False), **kw)
+    got = convs2s.generate(m, SOURCES, observer=forced("record-ops"), **kw)
     _assert_same_nbest(got, want, False)
     assert replays["replays"] > 10
 
@@ -180,17 +185,17 @@ def test_recorded_int8_and_shortlist_steps_give_the_same_nbest_lists(model, repl
 def test_a_step_that_keeps_a_python_position_is_caught(model, monkeypatch):
     """The contract has teeth: a step that looks its position up by a Python number (the bug
     a CUDA graph would replay silently) decodes differently under the recorder."""
-    kw = dict(beam=2, forced_length=FORCED, max_len_b=22)
-    want = convs2s.generate(model, SOURCES, cuda_graph=False, **kw)
-    embedding = decoder_module.F.embedding
+    kw = dict(beam=2, max_len_b=22)
+    want = convs2s.generate(model, SOURCES, observer=forced(False), **kw)
+    embedding = step_module.F.embedding
 
     def python_position(index, weight, *args, **kwargs):
         if index.shape == (1,):  # the step's position: read as a number, as an eager step may
             return weight[int(index.tolist()[0])].unsqueeze(0)
         return embedding(index, weight, *args, **kwargs)
 
-    monkeypatch.setattr(decoder_module.F, "embedding", python_position)
-    got = convs2s.generate(model, SOURCES, cuda_graph="record-ops", **kw)
+    monkeypatch.setattr(step_module.F, "embedding", python_position)
+    got = convs2s.generate(model, SOURCES, observer=forced("record-ops"), **kw)
     assert any(not torch.equal(g[0]["tokens"], w[0]["tokens"]) or abs(g[0]["score"] - w[0]["score"]) > 1e-4
                for g, w in zip(got, want))
 
@@ -200,8 +205,8 @@ def test_recorded_decoding_reads_nothing_back_per_step(model):
     for forced in ([2, 4, 3, 2, 3], [9, 20, 14, 12, 18]):
         steps = []
         with HostReads() as mode:
-            convs2s.generate(model, SOURCES, beam=3, forced_length=forced, max_len_b=max(forced) + 2,
-                             step_hook=steps.append, cuda_graph="record-ops")
+            hooks = convs2s.Observer(forced_length=forced, on_step=steps.append, cuda_graph="record-ops")
+            convs2s.generate(model, SOURCES, beam=3, max_len_b=max(forced) + 2, observer=hooks)
         counts.append((mode.reads, len(steps)))
     assert counts[1][1] >= counts[0][1] + 15
     assert counts[0][0] == counts[1][0], counts
@@ -212,8 +217,8 @@ def test_a_recorded_search_keeps_its_counters_and_checks_its_step(model):
     device's step agree after recorded segments, and a call at the wrong step is refused."""
     gen = sys.modules["convs2s.generate"]
     src = torch.tensor([s + [2] for s in SOURCES])
-    options = gen._SearchOptions(3, 0.0, 22, 1, 1.0, 0.0, cuda_graph="record-ops")
-    search = gen._BeamSearch(model, src, options, torch.tensor(FORCED))
+    options = gen.SearchOptions(beam=3, max_len_b=22)
+    search = gen._BeamSearch(prepare(model), src, options, forced("record-ops"), torch.tensor(FORCED))
     with trusted_indices():
         for step in range(12):
             if step > 0:
@@ -223,7 +228,7 @@ def test_a_recorded_search_keeps_its_counters_and_checks_its_step(model):
             search.leave(search.done_rows())
     state, recorded = search.state, search.recorded
     assert recorded.valid(search) and recorded.graph.calls >= 2 and state.static  # warmed up, recorded
-    assert state.step == 12 and int(state.position) == 1 + 12 + 1 and int(recorded.step_t) == 12
+    assert state.step == 12 and int(state.static.position) == 1 + 12 + 1 and int(recorded.step_t) == 12
     with pytest.raises(ValueError, match="the recorded search is at step 12, not 11"):
         recorded(11)
 
@@ -232,18 +237,18 @@ def test_a_static_state_composes_two_reorders_before_a_step(model):
     """The search may reorder twice between steps (parents, then dropping sentences): the static
     state composes them as the eager one does."""
     enc = model.encode(torch.tensor([[5, 6, 7, 2], [8, 9, 10, 2]]))
-    eager, static = (model.init_decoder_state(enc, 2) for _ in range(2))
+    eager, static = (prepare(model).init_decoder_state(enc, 2) for _ in range(2))
     static.make_static()
     tokens = torch.tensor([2, 2, 2, 2])
     for state in (eager, static):
         state.static_step_ready() if state.static else None
-        model.decode_step(tokens, state)
+        prepare(model).decode_step(tokens, state)
         state.static_step_done() if state.static else None
         state.reorder(torch.tensor([1, 1, 2, 3]))
         state.reorder(torch.tensor([3, 2, 1, 0]))
     static.static_step_ready()
-    a, _ = model.decode_step(tokens, eager)
-    b, _ = model.decode_step(tokens, static)
+    a, _ = prepare(model).decode_step(tokens, eager)
+    b, _ = prepare(model).decode_step(tokens, static)
     static.static_step_done()
     assert static.step == eager.step == 2
     torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
@@ -269,11 +274,10 @@ def test_cuda_graphs_give_the_same_nbest_lists(beam, fold_attention, return_atte
         return replay(self)
 
     monkeypatch.setattr(step_graph.CudaRecorder, "replay", counting_replay)
-    kw = dict(beam=beam, nbest=beam, forced_length=FORCED, max_len_b=22, fold_attention=fold_attention,
-              return_attention=return_attention)
+    kw = dict(beam=beam, nbest=beam, max_len_b=22, fold_attention=fold_attention, return_attention=return_attention)
     with ck.count_dispatches() as dispatched:
-        want = convs2s.generate(m, SOURCES, cuda_graph=False, **kw)
-        got = convs2s.generate(m, SOURCES, **kw)  # the default on CUDA
+        want = convs2s.generate(m, SOURCES, observer=forced(False), **kw)
+        got = convs2s.generate(m, SOURCES, observer=forced(None), **kw)  # the default on CUDA
     assert counts["replays"] >= 21 - 1 - 2 * 3 and dispatched[("conv_step", "triton")] > 0
     if dtype == torch.float32:
         _assert_same_nbest(got, want, return_attention)

@@ -5,6 +5,7 @@ import pytest
 
 from convs2s.model import build_model
 from convs2s_bench import step_profile
+from convs2s.engine import prepare, quantize_decoder_int8
 
 
 def test_rows_split_into_sentences_and_beam():
@@ -29,11 +30,11 @@ def test_bound_counts_every_step_weight_once_and_each_rows_products():
 def test_int8_bound_counts_the_int8_weights_and_their_scales():
     model = build_model("fconv_iwslt_de_en", 50, 60).fold_weight_norm().eval()
     fp32_bytes, fp32_flops = step_profile.step_bounds(model, rows=3, src_len=5)
-    model.quantize_decoder_int8()
+    quantize_decoder_int8(model)
     d = model.decoder
     modules = [d.fc1, *[p for p in d.projections if p is not None], *d.convolutions, d.fc2, d.fc3]
-    n = sum(m.int8_weight()[0].numel() for m in modules)
-    scales = sum(m.int8_weight()[1].numel() for m in modules)
+    n = sum(prepare(model).derived(m).int8_weight()[0].numel() for m in modules)
+    scales = sum(prepare(model).derived(m).int8_weight()[1].numel() for m in modules)
     bytes_, flops = step_profile.step_bounds(model, rows=3, src_len=5)
     assert bytes_ == n + 4 * scales and n * 4 == fp32_bytes
     assert flops == fp32_flops, "the same products, in int8"

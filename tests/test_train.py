@@ -270,8 +270,9 @@ def test_a_validation_example_too_long_is_refused_before_training(tmp_path):
 
 
 def test_validation_times_no_kernels(copy_data, tmp_path, monkeypatch):
-    """Validation's many-row products never take the few-row kernels: measuring their choice there
-    would stall training (on every rank at once), so it is off whatever CONVS2S_TUNE says."""
+    """Validation runs the model's own forward, which asks for no kernel choice (only the decoding
+    engine does): measuring one there would stall training on every rank at once, whatever
+    CONVS2S_TUNE says."""
     from convs2s_kernels import tune, tune_cache
     from harness import require_or_skip
 
@@ -284,9 +285,11 @@ def test_validation_times_no_kernels(copy_data, tmp_path, monkeypatch):
     tune.forget()
     try:
         assert math.isfinite(trainer.validate()) and timed == []
-        with tune.measuring(True), torch.no_grad(), pytest.raises(pytest.fail.Exception):  # measuring on
+        with tune.measuring(True), torch.no_grad():  # measuring on: still nothing asked
             trainer._validation_sums([[0]], torch.zeros(2, dtype=torch.float64))
-        assert timed
+        assert timed == []
+        with tune.measuring(True), torch.no_grad(), pytest.raises(pytest.fail.Exception):  # the engine asks
+            convs2s.engine.prepare(trainer.model).encode(torch.tensor([[5, 6, 2]]))
     finally:
         tune.forget()
 

@@ -13,6 +13,7 @@ import convs2s_kernels as ck
 from convs2s.special_tokens import EOS
 from harness import require_or_skip
 from test_model import CUSTOM, V_TGT, random_batch, small
+from convs2s.engine import prepare
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -80,11 +81,11 @@ def test_decoder_steps_with_beam_reorder_equal_reference(triton_calls):
     with torch.no_grad():
         for backend in ("reference", "triton"):
             model.use_backend(backend)
-            state = model.init_decoder_state(model.encode(src), beam)
+            state = prepare(model).init_decoder_state(prepare(model).encode(src), beam)
             tokens = torch.full((B * beam,), EOS, dtype=torch.long, device=DEVICE)
             logits_seq = []
             for parents, next_tokens in plan:
-                logits, attn = model.decode_step(tokens, state, need_attn=True)
+                logits, attn = prepare(model).decode_step(tokens, state, need_attn=True)
                 logits_seq.append((logits, attn))
                 state.reorder(parents)
                 tokens = next_tokens

@@ -17,7 +17,8 @@ from convs2s_kernels.extension import native
 from harness import require_or_skip
 
 from convs2s.model import build_model
-from convs2s.step_shapes import encoder_weight_shapes, fold_weight_shapes, step_weight_shapes
+from convs2s.engine.shapes import encoder_weight_shapes, fold_weight_shapes, step_weight_shapes
+from convs2s.engine import prepare, quantize_decoder_int8
 
 
 @pytest.fixture
@@ -358,7 +359,7 @@ def test_cli_prints_the_table_and_refuses_bad_shapes(fresh):
 
 def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     model = build_model("fconv_iwslt_de_en", 50, 60).eval()
-    shapes = step_weight_shapes(model.decoder)
+    shapes = step_weight_shapes(prepare(model))
     names = [s.name for s in shapes]
     # every shape is timed after the step's whole weight set: fc1, projections, convolutions, fc2, fc3
     step_bytes = 4 * (256 * 256 + 256 * 256 + 256 * 60 + sum(conv.kernel_width * conv.in_channels * conv.out_channels
@@ -368,47 +369,47 @@ def test_the_decoder_asks_for_its_step_weight_shapes(fresh, monkeypatch):
     # width 3, (3 * 256, 2 * 256)
     assert names[0] == "kp:float32:256x256" + stream and names[-1] == "kp:float32:256x60" + stream
     assert "kp:float32:768x512" + stream in names and all(n.startswith("kp:") for n in names)
-    model.quantize_decoder_int8()
-    w8a8 = [s.name for s in step_weight_shapes(model.decoder)]
+    quantize_decoder_int8(model)
+    w8a8 = [s.name for s in step_weight_shapes(prepare(model))]
     if tune.w8a8_has_choice():  # the packed int8 kernel against the library or the reducing kernel
         assert "w8a8:int8:768x512@2MB" in w8a8 and all(n.startswith("w8a8:int8:") for n in w8a8)
     else:  # AMX or the baseline: nothing to choose
         assert w8a8 == []
-    model.quantize_decoder_int8(activations="int7")  # 7-bit activations: their own choice (form w7a8)
-    w7a8 = [s.name for s in step_weight_shapes(model.decoder)]
+    quantize_decoder_int8(model, activations="int7")  # 7-bit activations: their own choice (form w7a8)
+    w7a8 = [s.name for s in step_weight_shapes(prepare(model))]
     assert w7a8 == [n.replace("w8a8:", "w7a8:") for n in w8a8]
-    model.quantize_decoder_int8(activations="float")
-    int8 = [s.name for s in step_weight_shapes(model.decoder)]
+    quantize_decoder_int8(model, activations="float")
+    int8 = [s.name for s in step_weight_shapes(prepare(model))]
     assert "nk:int8:768x512@2MB" in int8 and all(":int8:" in n for n in int8)  # a quarter of the bytes
     # what `tune --dtype int8` times for the float shapes is what this int8 decoder asks for
     assert all(n.endswith(f"@{tune.twin_stream_mb(shapes[0], 'int8')}MB") for n in int8)
     asked = []
-    monkeypatch.setattr("convs2s.decoder.ensure_kernel_choice", lambda s: asked.append([x.name for x in s]))
+    monkeypatch.setattr("convs2s.engine.step.ensure_kernel_choice", lambda s: asked.append([x.name for x in s]))
     with torch.no_grad():
-        model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2)
+        prepare(model).init_decoder_state(prepare(model).encode(torch.tensor([[5, 6, 2]])), beam=2)
     assert asked == [int8]
     # folding attention: each layer's fold products too (E = 256, C = 256 in every layer of this
     # architecture: keys x W_in and values x W_out^T, both (E, C)), in float under float activations,
-    # packed, and in int8 where the step multiplies int8 by int8 (Linear.fold_int8), a quarter of the bytes
-    folds = [s.name for s in fold_weight_shapes(model.decoder)]
+    # packed, and in int8 where the step multiplies int8 by int8 (DerivedWeights.fold_int8), a quarter of the bytes
+    folds = [s.name for s in fold_weight_shapes(prepare(model))]
     fold_bytes = 4 * 2 * 256 * 256 * sum(a is not None for a in model.decoder.attention)
     assert folds == [f"kp:float32:256x256@{tune.stream_mb(fold_bytes)}MB"]
     with torch.no_grad():
-        model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2, fold_attention=True)
+        prepare(model).init_decoder_state(prepare(model).encode(torch.tensor([[5, 6, 2]])), beam=2, fold_attention=True)
     assert asked[-1] == int8 + folds
     for activations, form in (("int8", "w8a8"), ("int7", "w7a8")):
-        model.quantize_decoder_int8(activations=activations)
-        int8_folds = [s.name for s in fold_weight_shapes(model.decoder)]
+        quantize_decoder_int8(model, activations=activations)
+        int8_folds = [s.name for s in fold_weight_shapes(prepare(model))]
         want = [f"{form}:int8:256x256@{tune.stream_mb(fold_bytes // 4)}MB"] if tune.w8a8_has_choice() else []
         assert int8_folds == want
         with torch.no_grad():
-            model.init_decoder_state(model.encode(torch.tensor([[5, 6, 2]])), beam=2, fold_attention=True)
-        assert asked[-1] == [s.name for s in step_weight_shapes(model.decoder)] + want
+            prepare(model).init_decoder_state(prepare(model).encode(torch.tensor([[5, 6, 2]])), beam=2, fold_attention=True)
+        assert asked[-1] == [s.name for s in step_weight_shapes(prepare(model))] + want
 
 
 def test_the_encoder_asks_for_its_weight_shapes_only_when_translating(fresh, monkeypatch):
     model = build_model("fconv_iwslt_de_en", 50, 60).eval()
-    names = [s.name for s in encoder_weight_shapes(model.encoder)]
+    names = [s.name for s in encoder_weight_shapes(prepare(model))]
     enc = model.encoder
     enc_bytes = 4 * (256 * 256 + 256 * 256 + sum(conv.kernel_width * conv.in_channels * conv.out_channels
                                                   for conv in enc.convolutions))  # fc1, convolutions, fc2
@@ -416,16 +417,19 @@ def test_the_encoder_asks_for_its_weight_shapes_only_when_translating(fresh, mon
     # fc1 = fc2's shape; the convs; all read packed (form kp) as the decoding step reads its weights
     assert names == ["kp:float32:256x256" + stream, "kp:float32:768x512" + stream]
     asked = []
-    monkeypatch.setattr("convs2s.encoder.ensure_kernel_choice", lambda s: asked.append([x.name for x in s]))
+    monkeypatch.setattr("convs2s.engine.prepared.ensure_kernel_choice", lambda s: asked.append([x.name for x in s]))
     src = torch.tensor([[5, 6, 2]])
     with torch.no_grad():
-        want = model.encode(src)
+        want = prepare(model).encode(src)
     assert asked == [names]
-    model.encode(src)  # with gradients (training, scoring): plain PyTorch, nothing to choose
+    prepare(model).encode(src)  # with gradients (training, scoring): plain PyTorch, nothing to choose
+    model.encode(src)  # the model's own encoder never asks
+    with torch.no_grad():
+        model.encode(src)
     assert asked == [names]
     model.use_backend("reference")
     with torch.no_grad():
-        ref = model.encode(src)
+        ref = prepare(model).encode(src)
     torch.testing.assert_close(want.z, ref.z, atol=1e-5, rtol=1e-4)  # the cpp products against the reference
 
 
@@ -477,18 +481,19 @@ def test_the_attention_fold_runs_the_library_chosen_for_its_shapes(fresh):
     """Folding attention multiplies through the dispatched linear at the keys fold_weight_shapes
     names: with oneDNN chosen there (and no few-row kernel), the profiler sees oneDNN's op twice per
     layer, and the folded products equal the plain ones to float32 rounding."""
-    from convs2s.decoder import FoldedAttention
+    from convs2s.engine.state import FoldedAttention
 
     C = native()
     onednn = C.onednn_gemm_available()  # its first call tries the op once: not inside the profile
     model = build_model("fconv_iwslt_de_en", 50, 60).eval()
     enc = model.encode(torch.tensor([[5, 6, 7, 8, 2], [1, 9, 10, 11, 2]]))
     layers = [a for a in model.decoder.attention if a is not None]
-    for shape in fold_weight_shapes(model.decoder):
+    d = prepare(model).derived
+    for shape in fold_weight_shapes(prepare(model)):
         C.set_few_rows_choice(tune.FORMS[shape.form], shape.dtype, shape.K, shape.N, [False] * C.few_rows_max())
         C.set_gemm_library_choice(tune.FORMS[shape.form], shape.dtype, shape.K, shape.N, [-1], [True])
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        folded = [FoldedAttention(a, enc) for a in layers]
+        folded = [FoldedAttention(d(a.in_projection), d(a.out_projection), enc) for a in layers]
     calls = sum(e.name == "mkldnn::_linear_pointwise" for e in prof.events())
     assert calls == (2 * len(layers) if onednn else 0)
     for a, f in zip(layers, folded):
@@ -501,23 +506,24 @@ def test_the_attention_fold_runs_the_library_chosen_for_its_shapes(fresh):
 @pytest.mark.parametrize("int8", [False, True], ids=["float", "int8-weights-float-activations"])
 def test_the_attention_fold_reads_both_weights_packed_on_the_kernel_chosen_for_them(fresh, int8):
     """With the few-row kernel chosen for the fold's shape, each layer's two products read the
-    packed (E, C) matrices (Linear.fold_packed), in 64-row pieces past the kernels' cap: 3 x 30 = 90
+    packed (E, C) matrices (DerivedWeights.fold_packed), in 64-row pieces past the kernels' cap: 3 x 30 = 90
     rows make two kernel calls per product. A step with int8 weights and float activations changes
     nothing here (the fold multiplies float weights). The folded products equal the plain ones to
     float32 rounding."""
-    from convs2s.decoder import FoldedAttention
+    from convs2s.engine.state import FoldedAttention
 
     C = native()
     model = build_model("fconv_iwslt_de_en", 50, 60).eval()
     if int8:
-        model.quantize_decoder_int8(True, activations="float")
+        quantize_decoder_int8(model, True, activations="float")
     g = torch.Generator().manual_seed(7)
     enc = model.encode(torch.cat([torch.randint(4, 50, (3, 29), generator=g), torch.full((3, 1), 2)], 1))
     layers = [a for a in model.decoder.attention if a is not None]
-    (shape,) = fold_weight_shapes(model.decoder)
+    d = prepare(model).derived
+    (shape,) = fold_weight_shapes(prepare(model))
     C.set_few_rows_choice(tune.FORMS[shape.form], shape.dtype, shape.K, shape.N, [True] * C.few_rows_max())
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        folded = [FoldedAttention(a, enc) for a in layers]
+        folded = [FoldedAttention(d(a.in_projection), d(a.out_projection), enc) for a in layers]
     calls = sum(e.name == "convs2s::few_rows_kn_packed" for e in prof.events())
     assert calls == 2 * 2 * len(layers)
     assert not any(e.name in ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm") for e in prof.events())
@@ -526,7 +532,7 @@ def test_the_attention_fold_reads_both_weights_packed_on_the_kernel_chosen_for_t
         torch.testing.assert_close(f.z_in, torch.matmul(enc.z, w_in), atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(f.y_out, torch.matmul(enc.y, w_out.t()), atol=2e-5, rtol=1e-4)
     # the packings are made once and kept while the weights stay
-    assert layers[0].in_projection.fold_packed(transposed=True) is layers[0].in_projection.fold_packed(transposed=True)
+    assert d(layers[0].in_projection).fold_packed(transposed=True) is d(layers[0].in_projection).fold_packed(transposed=True)
 
 
 @torch.no_grad()
@@ -556,40 +562,40 @@ def test_the_encoder_reads_its_float_weights_packed_on_the_kernel_chosen_for_the
     each; the result equals the reference backend's. With gradients nothing reads them."""
     C = native()
     model = build_model("fconv_iwslt_de_en", 50, 60).eval()
-    for shape in encoder_weight_shapes(model.encoder):
+    for shape in encoder_weight_shapes(prepare(model)):
         C.set_few_rows_choice(tune.FORMS[shape.form], shape.dtype, shape.K, shape.N, [True] * C.few_rows_max())
     g = torch.Generator().manual_seed(5)
     src = torch.cat([torch.randint(4, 50, (3, 29), generator=g), torch.full((3, 1), 2)], 1)
     src[0, :4] = 1  # left padding: the pad mask reaches the packed convolutions
     with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        got = model.encode(src)
+        got = prepare(model).encode(src)
     calls = sum(e.name == "convs2s::few_rows_kn_packed" for e in prof.events())
     assert calls == 2 * (2 + len(model.encoder.convolutions))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        model.encode(src)
+        prepare(model).encode(src)
     assert not any(e.name == "convs2s::few_rows_kn_packed" for e in prof.events())
     model.use_backend("reference")
     with torch.no_grad():
-        ref = model.encode(src)
+        ref = prepare(model).encode(src)
     torch.testing.assert_close(got.z, ref.z, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(got.y, ref.y, atol=1e-5, rtol=1e-4)
 
 
 def test_fold_packings_follow_the_weight_and_are_dropped_for_training(fresh):
-    """Linear.fold_packed: a new packing after the weight changes in place, none with gradients or
-    in training, and model.train() drops the copies a validation pass made."""
+    """DerivedWeights.fold_packed: a new packing after the weight changes in place, none with
+    gradients or in training, where the copies made before are let go."""
     model = build_model("fconv_iwslt_de_en", 50, 60).eval()
-    proj = next(a for a in model.decoder.attention if a is not None).in_projection
+    proj = prepare(model).derived(next(a for a in model.decoder.attention if a is not None).in_projection)
     with torch.no_grad():
         first = proj.fold_packed(transposed=True)
-        assert torch.equal(first, ck.pack_linear_weight(proj.effective_weight().t()))
-        proj.weight_v.add_(1.0)
+        assert torch.equal(first, ck.pack_linear_weight(proj.weight().t()))
+        proj.module.weight_v.add_(1.0)
         second = proj.fold_packed(transposed=True)
-        assert second is not first and torch.equal(second, ck.pack_linear_weight(proj.effective_weight().t()))
+        assert second is not first and torch.equal(second, ck.pack_linear_weight(proj.weight().t()))
         assert proj.fold_packed() is proj.step_packed() is not None  # W_out's layout: the step's own packing
-    model.train()  # as after a validation pass
-    assert not proj._packs and proj._packed is None
+    model.train()
     with torch.no_grad():
         assert proj.fold_packed() is None  # training
+    assert not proj._packs and proj.packed_now is None  # the copies let go
     model.eval()
     assert proj.fold_packed(transposed=True) is None  # gradients on

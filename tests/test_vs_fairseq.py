@@ -94,10 +94,13 @@ def test_vs_fairseq_with_int8_times_five_more_systems(fixture_dir, stand_in, mon
 
     def recording_run(model, *args):
         # (int8 weights, the activations: None off, "float", or int8 / 7-bit rows; the weights' bits)
+        from convs2s.engine import prepare
+
+        derived = [[d for d in map(prepare(model).derived, part.modules()) if d is not None]
+                   for part in (model.decoder, model.encoder)]
         parts = [[(m.use_int8, None if not m.use_int8 else m.int8_activation_bits if m.int8_activations else "float",
-                   m.int8_weight_bits if m.use_int8 else None)
-                  for m in part.modules() if hasattr(m, "use_int8")]
-                 for part in (model.decoder, model.encoder)]
+                   m.int8_weight_bits if m.use_int8 else None) for m in ds]
+                 for ds in derived]
         quantised.append(tuple(p[0] if len(set(p)) == 1 else "mixed" for p in parts))
         return run(model, *args)
 

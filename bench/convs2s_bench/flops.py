@@ -8,6 +8,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from convs2s.engine import prepare
+
 
 def weight_elements(module: torch.nn.Module) -> int:
     """Multiply-accumulates per row of the module's linear and convolution layers (embeddings are
@@ -51,7 +53,8 @@ def decoder_step_bytes(model, vocab_rows: Optional[int] = None) -> int:
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() < 2 or "embed_" in name:
             continue
-        quantized = module.int8_weight() if hasattr(module, "int8_weight") else None
+        derived = prepare(model).derived(module)
+        quantized = None if derived is None else derived.int8_weight()
         if quantized is not None:
             q, scale = quantized
             n_bytes = q.numel() * q.element_size() + scale.numel() * scale.element_size()

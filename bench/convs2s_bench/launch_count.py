@@ -12,7 +12,7 @@ Each ATen operation is sorted by what it would cost on CUDA:
 * ``view`` — metadata only (views, sizes, ``detach``): free, not counted as launches.
 
 Launches are attributed to the step (``generate``'s ``step_hook``) and to the component, the
-innermost function of the ``convs2s`` package on the Python stack (e.g. ``decoder.forward_step``,
+innermost function of the ``convs2s`` package on the Python stack (e.g. ``step.decode_step``,
 ``generate._beam_search``); Triton launches to their kernel's name.
 
     python3 -m convs2s_bench.launch_count --arch fconv_wmt_en_fr --beam 5 --sentences 2
@@ -136,8 +136,9 @@ def count_generation(model, sources: List[List[int]], *, beam: int, steps: int, 
     model.use_backend(backend)
     try:
         with _triton_launches(counts), _Seen(counts):
-            convs2s.generate(model, sources, beam=beam, batch_size=len(sources), forced_length=[steps] * len(sources),
-                             max_len_b=steps + 2, fold_attention=fold_attention, step_hook=hook, cuda_graph=False)
+            hooks = convs2s.Observer(forced_length=[steps] * len(sources), on_step=hook, cuda_graph=False)
+            convs2s.generate(model, sources, beam=beam, batch_size=len(sources), max_len_b=steps + 2,
+                             fold_attention=fold_attention, observer=hooks)
     finally:
         model.use_backend(None)
     return counts

@@ -18,6 +18,7 @@ from typing import List, Optional
 import torch
 
 from convs2s.errors import Convs2sError
+from convs2s.generate import Observer
 from convs2s_kernels.env import machine_description
 
 from .report import positive_ints, publish
@@ -35,7 +36,7 @@ def _decode_all(model, sentences, batches, forced, beam: int) -> int:
 
     for b, f in zip(batches, forced):
         generate(model, [sentences[i] for i in b], beam=beam, nbest=beam, batch_size=len(b), max_len_a=0.0,
-                 max_len_b=f, min_len=f, fold_attention=True, step_hook=count)
+                 max_len_b=f, min_len=f, fold_attention=True, observer=Observer(on_step=count))
     return steps[0]
 
 

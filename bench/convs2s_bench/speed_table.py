@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from convs2s.atomic import atomic_write_text
-from convs2s.generate import warmup
+from convs2s.generate import Observer, warmup
 from convs2s.errors import Convs2sError
 
 from .estimate import (Batch, BatchTiming, TRUNCATED_LENGTH, estimate, full_set_batches, sample_batches,
@@ -83,10 +83,9 @@ def time_batch(model, work: Workload, batch: Batch, beam: int, config: Config, *
     run_forced = None if forced is None else [min(f, cut) if cut else f for f in forced]
     _sync(device)
     t0 = time.perf_counter()
+    hooks = Observer(forced_length=run_forced, on_step=hook, cuda_graph=None if work.cuda_graph else False)
     hyps = generate(model, sources, beam=beam, batch_size=len(sources), max_len_a=1.2 if forced else 0.0,
-                    max_len_b=10 if forced else 200, forced_length=run_forced,
-                    fold_attention=config.decoder == "folded", step_hook=hook,
-                    cuda_graph=None if work.cuda_graph else False)
+                    max_len_b=10 if forced else 200, fold_attention=config.decoder == "folded", observer=hooks)
     _sync(device)
     if per_step:
         marks[-1] = time.perf_counter()  # the last step owns the bookkeeping after it: parts sum to the call
@@ -114,8 +113,10 @@ class Models:
 
     def reset(self) -> None:
         """Every model back to the default backend and float weights (the fp32 one is the caller's)."""
+        from convs2s.engine import quantize_decoder_int8
+
         for model in self.cache.values():
-            model.use_backend(None).quantize_decoder_int8(False)
+            quantize_decoder_int8(model.use_backend(None), False)
 
 
 # --- one configuration at one beam, one repeat ---------------------------------------------------------
@@ -159,7 +160,8 @@ def _warm_up(models: Models, work: Workload, batches, configs, beams) -> None:
         model = models.get(config)
         for beam in beams:
             warmup(model, max_source_length=min(longest, min(model.max_positions())), beam=beam,
-                   fold_attention=config.decoder == "folded", cuda_graph=None if work.cuda_graph else False)
+                   fold_attention=config.decoder == "folded",
+                   observer=Observer(cuda_graph=None if work.cuda_graph else False))
             for j in ends:
                 time_batch(model, work, batches[j], beam, config, cut=1)
 

@@ -30,11 +30,12 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from convs2s.model import build_model
-from convs2s.step_shapes import step_weight_bytes, step_weight_modules
+from convs2s.engine.shapes import step_weight_bytes, step_weight_modules
 from convs2s_kernels.env import machine_description
 
 from .report import positive_ints, publish
 from .roofline import LimitSampler, copy_peak_gbps, gemm_peak_gflops, int8_gemm_peak_gops
+from convs2s.engine import prepare, quantize_decoder_int8
 
 SOURCE_LEN = 27  # the mean newstest source (25.4 subwords) rounded up, as in the peer workload
 PROFILED_STEPS = 5  # steps under torch.profiler, timed on their own (the profiler slows them a little)
@@ -49,11 +50,12 @@ def sentences_and_beam(rows: int) -> Tuple[int, int]:
     return rows, 1
 
 
-def _step_weights(decoder) -> List[torch.Tensor]:
+def _step_weights(model) -> List[torch.Tensor]:
     """The tensors a step streams per weight: the float weight, or the int8 weight and its scales."""
     out = []
-    for m in step_weight_modules(decoder):
-        quantized = m.int8_weight() if hasattr(m, "int8_weight") else None
+    for m in step_weight_modules(model.decoder):
+        derived = prepare(model).derived(m)
+        quantized = None if derived is None else derived.int8_weight()
         if quantized is not None:
             out += list(quantized)
         else:
@@ -65,8 +67,8 @@ def step_bounds(model, rows: int, src_len: int) -> Tuple[int, float]:
     """(bytes of weights a step streams, FLOPs of a step): every step weight read once, and each
     row's products with them plus its folded attention over the source (scores and weighted
     sum, 2 x S x C FLOPs each)."""
-    weight_bytes = step_weight_bytes(model.decoder)
-    weights = [w for w in _step_weights(model.decoder) if w.dim() >= 2]  # int8 scales: bytes, no products
+    weight_bytes = step_weight_bytes(prepare(model))
+    weights = [w for w in _step_weights(model) if w.dim() >= 2]  # int8 scales: bytes, no products
     flops = 2.0 * rows * sum(w.numel() for w in weights)
     for conv, att in zip(model.decoder.convolutions, model.decoder.attention):
         if att is not None:
@@ -77,11 +79,11 @@ def step_bounds(model, rows: int, src_len: int) -> Tuple[int, float]:
 def _step_fn(model, rows: int, src_len: int):
     sentences, beam = sentences_and_beam(rows)
     src = torch.randint(4, model.src_vocab_size, (sentences, src_len), generator=torch.Generator().manual_seed(rows))
-    state = model.init_decoder_state(model.encode(src), beam, fold_attention=True)
+    state = prepare(model).init_decoder_state(prepare(model).encode(src), beam, fold_attention=True)
     tokens = torch.full((rows,), 2, dtype=torch.long)
 
     def step():
-        logits, _ = model.decode_step(tokens, state)
+        logits, _ = prepare(model).decode_step(tokens, state)
         return torch.log_softmax(logits.float(), dim=-1)
     return step
 
@@ -241,7 +243,7 @@ def run(arch: str, rows: Sequence[int], src_len: int = SOURCE_LEN, vocab: int = 
 
     torch.manual_seed(0)
     model = build_model(arch, vocab, vocab).fold_weight_norm().eval()
-    model.quantize_decoder_int8(int8, activations="int7" if activation_bits == 7 else "int8", weight_bits=weight_bits)
+    quantize_decoder_int8(model, int8, activations="int7" if activation_bits == 7 else "int8", weight_bits=weight_bits)
     weight_bytes, _ = step_bounds(model, 1, src_len)
     # a copy touching as many bytes as the step's weights (source + destination): memory's bandwidth
     # for a big model, the caches' for one that fits in them (a step re-reads the same weights)

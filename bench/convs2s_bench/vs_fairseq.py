@@ -25,6 +25,7 @@ import torch
 from convs2s.errors import Convs2sError
 
 from .workload import TARGET_RATIO, Config, forced_lengths
+from convs2s.engine import quantize_decoder_int8, quantize_encoder_int8
 
 SYSTEMS = ("fairseq", "fairseq-cached", "convs2s")
 
@@ -144,10 +145,10 @@ def compare(*, fairseq_python: str, checkpoint: str, dicts: Optional[str], input
             for system in systems:
                 if system.startswith("convs2s"):
                     activations, encoder, weight_bits = QUANTIZED_SYSTEMS.get(system, ("int8", False, 8))
-                    model.quantize_decoder_int8(system != "convs2s", activations=activations, weight_bits=weight_bits)
-                    model.quantize_encoder_int8(encoder, activations=activations)
+                    quantize_decoder_int8(model, system != "convs2s", activations=activations, weight_bits=weight_bits)
+                    quantize_encoder_int8(model, encoder, activations=activations)
                     out = run_convs2s(model, sentences, batches, forced, beam, config)
-                    model.quantize_decoder_int8(False).quantize_encoder_int8(False)
+                    quantize_encoder_int8(quantize_decoder_int8(model, False), False)
                 else:
                     out = run_fairseq(fairseq_python, checkpoint, sentences, batches, forced, beam, threads,
                                       cached=system == "fairseq-cached")

@@ -1,5 +1,5 @@
 """A decoding step recorded once and replayed: one CUDA graph launch instead of hundreds of kernel
-launches (:mod:`convs2s.recorded_search` records the search's whole step with it).
+launches (:mod:`convs2s.engine.recorded_search` records the search's whole step with it).
 
 :class:`StepGraph` runs a step function on fixed buffers: its first call runs eagerly (the warm-up:
 Triton tunes and compiles, libraries allocate their workspaces), its second records the step and
@@ -7,7 +7,7 @@ runs it, every later call replays the recording. What a replay computes is what 
 saw: the same kernels on the same buffers with the same scalar arguments. So everything a step
 reads that changes from step to step must be a tensor written in place (the tokens, the position,
 the parents, the conv states), never a Python number; the decoder's static mode
-(:meth:`convs2s.decoder.DecoderState.make_static`) is written that way.
+(:meth:`convs2s.engine.DecoderState.make_static`) is written that way.
 
 Two recorders:
 
@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import convs2s_kernels as ck
 
-from .errors import Convs2sError
+from ..errors import Convs2sError
 
 aten = torch.ops.aten
 
@@ -131,7 +131,7 @@ class CudaRecorder:
                         self.graph.capture_end()
             except Exception as exc:
                 raise StepGraphError(f"recording the decoding step as a CUDA graph failed ({exc}); decode eagerly "
-                                     "with generate(cuda_graph=False) or --no-cuda-graph") from exc
+                                     "with generate(observer=Observer(cuda_graph=False)) or --no-cuda-graph") from exc
             torch.cuda.current_stream().wait_stream(stream)
             self.graph.replay()  # capturing records the kernels without running them
         return self.outputs
@@ -182,7 +182,7 @@ MODES = (None, False, True, "record-ops")
 
 
 def recorder_factory(mode, device: torch.device) -> Optional[Callable[[torch.device], object]]:
-    """What records decoding steps for ``generate(cuda_graph=mode)`` on ``device`` (called with the
+    """What records decoding steps for ``generate(observer=Observer(cuda_graph=mode))`` on ``device`` (called with the
     device, it gives a recorder), or None (eager).
 
     ``None`` (default): CUDA graphs on CUDA, eager elsewhere; ``True``: CUDA graphs (CUDA tensors

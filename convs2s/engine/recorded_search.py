@@ -1,10 +1,10 @@
-"""A whole search step recorded once and replayed (:mod:`convs2s.step_graph`): the decoder's step,
+"""A whole search step recorded once and replayed (:mod:`convs2s.engine.graph`): the decoder's step,
 ``beam_candidates`` and ``beam_update``, with the step index a (1,) tensor the recording itself
 advances, so that a replay (on CUDA, one graph launch) is the next step, not the recorded one.
 
 Everything the step reads or writes is a buffer that stays put for the segment: the search's
 tokens, scores, attention and finished hypotheses, its ``ignore`` mask (written in place), the
-decoder state in static mode (:meth:`convs2s.decoder.DecoderState.make_static`), whose parent rows
+decoder state in static mode (:meth:`convs2s.engine.DecoderState.make_static`), whose parent rows
 the step writes for the next. Sentences leaving the batch replace those buffers and end the
 segment; the search then records a new one. The first step of a batch (only a sentence's first
 beam live) runs eagerly.
@@ -18,8 +18,8 @@ import convs2s_kernels as ck
 from convs2s_kernels.internal import trusted_indices
 from convs2s_kernels.ops.device_step import column, put_column
 
-from .special_tokens import EOS, PAD, UNK
-from .step_graph import StepGraph
+from ..special_tokens import EOS, PAD, UNK
+from .graph import StepGraph
 
 
 class RecordedSearchStep:
@@ -34,13 +34,13 @@ class RecordedSearchStep:
         self.step_t = torch.full((1,), step, dtype=torch.long, device=device)
         forced = None if search.forced_len is None else search.forced_len[search.sent_ids].repeat_interleave(search.k)
         # the step reads these locals, not the search (which holds this object): no reference cycle
-        fn = _step_function(search.model, state, search.options, search.k, search.max_len, search.finished,
+        fn = _step_function(search.prepared, state, search.options, search.k, search.max_len, search.finished,
                             self.buffers, self.step_t, forced, search.backend)
         self.graph = StepGraph(fn, search.recorder(device), device)
 
     def valid(self, search) -> bool:
         """Whether the search still decodes with the buffers this recording holds."""
-        return self.state.static and all(a is b for a, b in zip(_buffers(search), self.buffers))
+        return self.state.static is not None and all(a is b for a, b in zip(_buffers(search), self.buffers))
 
     def __call__(self, step: int) -> None:
         if step != self.state.step:
@@ -57,15 +57,15 @@ def _buffers(search) -> tuple:
     attention, ignore mask and sentence ids, then the static state's position, parents and conv
     states."""
     state = search.state
-    return (search.tokens, search.scores, search.attn, search.cands_to_ignore, search.sent_ids, state.position,
-            state.parents, *state.conv_states)
+    return (search.tokens, search.scores, search.attn, search.cands_to_ignore, search.sent_ids, state.static.position,
+            state.static.parents, *state.conv_states)
 
 
-def _step_function(model, state, options, k: int, max_len: int, finished, buffers, step_t, forced, backend):
+def _step_function(prepared, state, options, k: int, max_len: int, finished, buffers, step_t, forced, backend):
     tokens, scores, attn, ignore, sent_ids, *_ = buffers  # (the state is read through `state`)
 
     def step() -> None:
-        logits, step_attn = model.decode_step(column(tokens, step_t), state, need_attn=options.need_attn)
+        logits, step_attn = prepared.decode_step(column(tokens, step_t), state, need_attn=options.return_attention)
         if attn is not None and step_attn is not None:
             put_column(attn, step_t + 1, step_attn)
         cands = ck.beam_candidates(logits, column(scores, step_t - 1), beam=k, step=step_t, max_len=max_len,
@@ -75,7 +75,7 @@ def _step_function(model, state, options, k: int, max_len: int, finished, buffer
                                              lenpen=options.lenpen, at_max_len=step_t == max_len, attn=attn, eos=EOS,
                                              backend=backend)
         ignore.copy_(new_ignore)
-        state.parents.copy_(parents)
+        state.static.parents.copy_(parents)
         step_t.add_(1)
 
     return step
