@@ -305,9 +305,6 @@ def cmd_train(args) -> int:
     import convs2s_kernels as ck
 
     cfg = train_config_from_args(args)
-    if cfg.decay_minutes and not 0 < cfg.decay_minutes <= cfg.max_time_minutes:
-        raise Convs2sError(f"--decay-minutes {cfg.decay_minutes:g} needs a --max-time at least as long "
-                           f"(it anneals the lr over the last minutes of --max-time)")
     try:  # bad architecture options or an unknown backend fail before data loading
         get_config(cfg.arch, **cfg.model_overrides)
         ck.requested_backends(cfg.backend)

@@ -224,9 +224,12 @@ def conv_stack(spec: Sequence[tuple], dropout: float, weight_norm: bool = True):
     return projections, convolutions
 
 
-def residual_input(residuals: list, projection, r: int):
-    """The residual of a layer: the output ``r`` layers back, projected when widths differ."""
+def residual_input(residuals: list, projection, r: int, product=None):
+    """The residual of a layer: the output ``r`` layers back, projected when widths differ
+    (``product(projection, x)`` where given: the decoding engine's product, else ``projection(x)``)."""
     if r == 0:
         return None
     res = residuals[-r]
-    return res if projection is None else projection(res)
+    if projection is None:
+        return res
+    return projection(res) if product is None else product(projection, res)

@@ -31,7 +31,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-
 from .atomic import append_line, atomic_torch_save, atomic_write_bytes
 from .data import DataError, DataFolder, TokenDataset, batch_by_tokens, collate, open_data_folder, perplexity
 from .errors import Convs2sError
@@ -126,6 +125,11 @@ class TrainConfig:
     bf16: bool = False
     threads: int = 0  # 0: torch's default
     backend: Optional[str] = None
+
+    def __post_init__(self):
+        if self.decay_minutes and not 0 < self.decay_minutes <= self.max_time_minutes:
+            raise Convs2sError(f"--decay-minutes {self.decay_minutes:g} needs a --max-time at least as long "
+                               f"(it anneals the lr over the last minutes of --max-time)")
 
     # Fields that must match for --resume to continue the same run.
     RESUME_KEYS = ("arch", "model_overrides", "seed", "max_tokens", "max_sentences", "update_freq", "label_smoothing")
@@ -381,9 +385,7 @@ class Trainer:
             if improved:
                 p.best_valid_nll = valid_nll
             else:  # the paper: divide the learning rate by 10 whenever validation perplexity stops improving
-                p.lr *= self.cfg.lr_shrink
-                for group in self.optimizer.param_groups:
-                    group["lr"] = p.lr
+                p.lr *= self.cfg.lr_shrink  # the optimiser takes it before the next update (_apply_lr)
             self._write_log(dict(kind="valid", epoch=epochs_done, update=p.num_updates, valid_nll=valid_nll,
                                  valid_ppl=perplexity(valid_nll), best_ppl=perplexity(p.best_valid_nll),
                                  lr=self.current_lr(), train_minutes=p.train_seconds / 60))

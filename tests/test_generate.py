@@ -328,6 +328,8 @@ def test_a_model_has_one_preparation_and_a_copy_prepares_anew(model):
     from convs2s.engine import PreparedModel, prepare
 
     p = prepare(model)
+    with pytest.raises(ValueError, match="unknown compute type 'fp16'; choose from fp32, bf16, "):
+        prepare(model, "fp16")
     assert isinstance(p, PreparedModel) and prepare(model) is p and prepare(p) is p and p.model is model
     quantize_decoder_int8(model)
     try:

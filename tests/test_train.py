@@ -384,6 +384,8 @@ def test_decay_minutes_take_the_lr_linearly_to_zero_over_the_end_of_max_time(cop
     assert Trainer(tiny_config(copy_data, tmp_path / "b", lr=0.2, max_time_minutes=10), **QUIET).current_lr() == 0.2
     assert cli.main(["train", copy_data, "--save-dir", str(tmp_path / "c"), "--decay-minutes", "5"]) == 2
     assert "--decay-minutes 5 needs a --max-time" in capsys.readouterr().err
+    with pytest.raises(convs2s.errors.Convs2sError, match="--decay-minutes 5 needs a --max-time"):
+        tiny_config(copy_data, tmp_path / "d", max_time_minutes=4, decay_minutes=5)  # the API refuses it too
 
 
 def test_precision_auto_takes_bf16_only_where_it_was_measured_faster(monkeypatch, tmp_path):

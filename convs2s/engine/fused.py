@@ -17,7 +17,7 @@ import torch
 import convs2s_kernels as ck
 
 from ..layers import Linear
-from .weights import NO_DISPATCH, linear
+from .weights import linear
 
 
 def fused_step_reason(prepared, x: torch.Tensor, emb_scores: torch.Tensor, state) -> Optional[str]:
@@ -103,7 +103,7 @@ def step_linear(state, name: str, prepared, module, x: torch.Tensor) -> torch.Te
     autograd, no autocast) through ``state.calls``, the op's checks run at the first step with
     each row count; otherwise the product itself (:func:`convs2s.engine.weights.linear`)."""
     backend, d = prepared.backend, prepared.derived(module)
-    if (backend == NO_DISPATCH or not isinstance(module, Linear) or torch.is_grad_enabled() or module.training
+    if (not isinstance(module, Linear) or torch.is_grad_enabled() or module.training
             or torch.is_autocast_enabled(x.device.type)):
         return linear(d, module, x, backend)
     quantized = d.int8_weight()

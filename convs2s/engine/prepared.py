@@ -15,7 +15,7 @@ from convs2s_kernels.ops.linear_w8a8.reference import check_weight_bits
 from convs2s_kernels.tune import ensure as ensure_kernel_choice
 
 from ..encoder import EncoderOut
-from ..layers import SQRT_HALF, make_positions
+from ..layers import SQRT_HALF, make_positions, residual_input
 from ..special_tokens import PAD
 from . import step as _step
 from .shapes import encoder_weight_shapes
@@ -117,9 +117,7 @@ class PreparedModel:
         mask = pad_mask if bool(pad_mask.any()) else None
         residuals = [x]
         for proj, conv, r in zip(encoder.projections, encoder.convolutions, encoder.residuals):
-            residual = None
-            if r:
-                residual = residuals[-r] if proj is None else self.linear(proj, residuals[-r])
+            residual = residual_input(residuals, proj, r, self.linear)
             x = F.dropout(x, encoder.dropout, encoder.training)
             d = self.derived(conv)
             if d.use_int8:
@@ -159,6 +157,8 @@ def prepare(model, compute_type: Optional[str] = None) -> PreparedModel:
     if compute_type is not None:
         from ..compute_type import VARIANTS
 
+        if isinstance(compute_type, str) and compute_type not in VARIANTS:
+            raise ValueError(f"unknown compute type {compute_type!r}; choose from {', '.join(VARIANTS)}")
         v = VARIANTS[compute_type] if isinstance(compute_type, str) else compute_type
         prepared.model.to(dtype=v.dtype)
         prepared.quantize_decoder_int8(v.int8, activations=v.activations or "int8", weight_bits=v.weight_bits)

@@ -18,7 +18,7 @@ from convs2s_kernels.huge_pages import move_to_huge_pages
 from convs2s_kernels.tune import ensure as ensure_kernel_choice
 
 from ..encoder import EncoderOut
-from ..layers import SQRT_HALF, Linear
+from ..layers import SQRT_HALF, Linear, residual_input
 from .fused import fused_layers_step, fused_step_reason, step_linear
 from .shapes import fold_weight_shapes, step_weight_modules, step_weight_shapes
 from .state import DecoderState, FoldedAttention, FusedData
@@ -120,11 +120,7 @@ def _layers_step(prepared: "PreparedModel", x, target_embedding, emb_scores, sta
     for i, (proj, conv, attention, r) in enumerate(
         zip(decoder.projections, decoder.convolutions, decoder.attention, decoder.residuals)
     ):
-        residual = None
-        if r:
-            residual = residuals[-r]
-            if proj is not None:
-                residual = prepared.linear(proj, residual)
+        residual = residual_input(residuals, proj, r, prepared.linear)
         x = F.dropout(x, decoder.dropout, decoder.training)
         x, window = conv_step(d(conv), x, state.conv_states[i], parents, backend)
         if state.static:
