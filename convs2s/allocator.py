@@ -1,10 +1,9 @@
 """A faster memory allocator for the command line.
 
 Decoding allocates and frees the same few tensor shapes at every step, and a long job meets
-hundreds of shapes (one per batch). glibc's malloc ages badly under that pattern: on this
-project's machines a batch run after a hundred others of varied shapes took 10-35% longer than the
-same batch in a fresh process, and the big batches themselves ran ~20% slower than under tcmalloc
-(measured; see bench/results/xeon-amx-2c/README.md). ``python3 -m convs2s`` therefore re-executes
+hundreds of shapes (one per batch). glibc's malloc ages badly under that pattern (a batch slows
+down after many others of varied shapes), and even fresh big batches ran slower than under tcmalloc
+(bench/results/kernel-decisions.md#allocator-tcmalloc). ``python3 -m convs2s`` therefore re-executes
 itself once with tcmalloc (or jemalloc) preloaded when one is installed, as PyTorch's own CPU
 launcher (``torch.backends.xeon.run_cpu``) does. ``CONVS2S_ALLOCATOR=system`` keeps glibc's
 malloc; ``CONVS2S_ALLOCATOR=/path/to/lib.so`` picks a library. Importing convs2s as a library

@@ -2,11 +2,11 @@
 
 A compute type (CTranslate2's word) is how a model computes while decoding: ``fp32``, ``bf16``
 (weights and activations in bfloat16), or an int8 variant (:data:`INT8_VARIANTS`: int8 weights,
-int8 or 7-bit activations, the encoder quantised too or not). ``auto`` takes the faster of fp32
-and bf16, timed on the model at hand; ``int8`` the fastest int8 variant, timed likewise (int8
-changes the numbers, so ``auto`` never takes it). Training's ``--precision auto`` takes bf16
-autocast only where a conv+GLU layer's forward and backward at the batch's shape ran faster in
-it than in fp32.
+int8 or 7-bit activations, the encoder quantised too or not; the table is the engine's,
+:mod:`convs2s.engine.variants`). ``auto`` takes the faster of fp32 and bf16, timed on the model
+at hand; ``int8`` the fastest int8 variant, timed likewise (int8 changes the numbers, so ``auto``
+never takes it). Training's ``--precision auto`` takes bf16 autocast only where a conv+GLU
+layer's forward and backward at the batch's shape ran faster in it than in fp32.
 
 A CPU flag never decides alone: AVX512-BF16 without AMX ran bf16 products at half the fp32 rate
 (issue 48), and bf16 weights widened in registers can win a memory-bound step where the flags
@@ -31,7 +31,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from convs2s_kernels import tune, tune_cache
+
+from .engine import prepare
+from .engine.variants import FLOAT_VARIANTS, INT8_VARIANTS, VARIANTS, Variant  # noqa: F401  (part of this module's API)
 from .errors import Convs2sError
+from .generate import Observer, generate
 
 COMPUTE_TYPES = ("auto", "fp32", "bf16", "int8")
 DECODE_ENV = "CONVS2S_COMPUTE_TYPE"
@@ -41,42 +46,11 @@ OFF = ("nothing cached, and measuring is off here (CONVS2S_TUNE=0, or several pr
        "process to measure)")
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One way to compute a decoding: the model's float dtype and, for int8, the decoder's (and
-    optionally the encoder's) quantisation (``convs2s.engine.PreparedModel.quantize_decoder_int8``)."""
-
-    name: str
-    dtype: torch.dtype = torch.float32
-    activations: Optional[str] = None  # None: float weights; "int8" / "int7" / "float" (weight-only)
-    weight_bits: int = 8               # the decoder's; the encoder keeps 8 (7 cost 0.81 BLEU there)
-    encoder: bool = False              # the encoder quantised alike
-
-    @property
-    def int8(self) -> bool:
-        return self.activations is not None
-
-
-FLOAT_VARIANTS = {"fp32": Variant("fp32"), "bf16": Variant("bf16", torch.bfloat16)}
-# the int8 variants whose BLEU cost was measured within 0.3 on the Multi30k models
-# (bench/results/amd-zen3-2c/README.md, bench/results/amd-zen5-2c/README.md)
-INT8_VARIANTS = {
-    "int8": Variant("int8", activations="int8"),
-    "int8w": Variant("int8w", activations="float"),
-    "int7": Variant("int7", activations="int7"),
-    "w7a7": Variant("w7a7", activations="int7", weight_bits=7),
-    "int8e": Variant("int8e", activations="int8", encoder=True),
-    "int7e": Variant("int7e", activations="int7", encoder=True),
-    "w7a7e": Variant("w7a7e", activations="int7", weight_bits=7, encoder=True),
-}
-VARIANTS = {**FLOAT_VARIANTS, **INT8_VARIANTS}
 
 
 def apply_variant(model, variant) -> "torch.nn.Module":
     """Make ``model`` (in place: its dtype, its preparation's quantisation) compute as ``variant``
     (a name or :class:`Variant`); returns it."""
-    from .engine import prepare
-
     prepare(model, VARIANTS[variant] if isinstance(variant, str) else variant)
     return model
 
@@ -119,8 +93,6 @@ class Choice:
 # --- the cache ------------------------------------------------------------------------------------------
 def _cache_path():
     """This machine's compute-type file beside the kernel choice's, under the same machine key."""
-    from convs2s_kernels import tune_cache
-
     key = dict(tune_cache.machine_key(), kind=CACHE_PREFIX)
     return tune_cache.cache_path(key, kind=CACHE_PREFIX), key
 
@@ -145,8 +117,6 @@ def load_cached(entry: str) -> Optional[dict]:
 
 def save_cached(entry: str, value: dict) -> None:
     """Merge one entry into this machine's file, atomically and under a lock (two processes keep both)."""
-    from convs2s_kernels import tune_cache
-
     path, key = _cache_path()
     try:
         tune_cache.save_merged(path, key, {entry: value}, lambda: _entries(path, key))
@@ -230,10 +200,6 @@ def measure_decoding(model, names: Sequence[str], *, beam: int = 5, fold_attenti
     ``model`` (copied per variant, the caller's untouched); measured interleaved, after a screen
     at the default kernel choice that keeps a candidate more than twice as slow as the best from
     costing its own kernel-choice measurement (it keeps its screen times)."""
-    from .generate import Observer, generate
-
-    from convs2s_kernels import tune
-
     work = _decode_workload(model, beam)
     models = {n: apply_variant(_copy_for(model, VARIANTS[n]), n) for n in names}
 
@@ -273,8 +239,6 @@ def _device_name(device: torch.device) -> str:
 
 
 def _measuring_allowed() -> bool:
-    from convs2s_kernels import tune
-
     return tune.tuning_enabled()
 
 

@@ -21,8 +21,7 @@ Each has a pure-PyTorch twin ``<op>_ref`` (also in :mod:`convs2s_kernels.referen
 """
 
 from . import extension  # noqa: F401  (the cpp backend's availability)
-from .dispatch import (BackendUnavailableError, Capability, available_backends, count_dispatches,
-                       requested_backends, selected_backend_name)
+from .dispatch import BackendUnavailableError, available_backends, count_dispatches, requested_backends
 from .dispatch import reasons as backend_reasons
 from .ops import (BeamCandidates, StepAttention, StepLayer, attention_embsum, attention_embsum_ref, beam_candidates,
                   beam_candidates_ref, beam_update, beam_update_ref, FinishedHypotheses, conv_glu, conv_glu_ref,
@@ -40,8 +39,9 @@ __all__ = [
     "conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8", "linear_w8a8", "decoder_step",
     "beam_candidates", "beam_update",
     "conv_glu_ref", "attention_embsum_ref", "conv_step_ref", "linear_ref", "linear_int8_ref", "linear_w8a8_ref",
-    "decoder_step_ref", "beam_candidates_ref", "beam_update_ref", "quantize_int8", "quantize_rows_int8", "pack_w8a8_weight", "pack_conv_step_weight", "pack_linear_weight", "StepLayer", "StepAttention", "BeamCandidates",
-    "FinishedHypotheses",
-    "available_backends", "backend_reasons", "requested_backends", "selected_backend_name", "count_dispatches",
-    "BackendUnavailableError", "Capability", "reference", "warmup",
+    "decoder_step_ref", "beam_candidates_ref", "beam_update_ref",
+    "quantize_int8", "quantize_rows_int8", "pack_w8a8_weight", "pack_conv_step_weight", "pack_linear_weight",
+    "StepLayer", "StepAttention", "BeamCandidates", "FinishedHypotheses",
+    "available_backends", "backend_reasons", "requested_backends", "count_dispatches",
+    "BackendUnavailableError", "reference", "warmup",
 ]

@@ -25,8 +25,8 @@ from . import env
 from .atomic_files import atomic_write_text
 from .extension import small_gemm_isa
 
-SCHEMA = 4  # 2: candidates timed in blocks (tune.time_pair); 3: w8a8 against the reducing kernel at every bucket;
-# 4: float32 GEMMs on the faster of ATen and oneDNN
+SCHEMA = 4  # 2: candidates timed in blocks (tune.timing.time_pair); 3: w8a8 against the reducing kernel at every
+# bucket; 4: float32 GEMMs on the faster of ATen and oneDNN
 DIR_ENV = "CONVS2S_TUNE_CACHE"
 
 

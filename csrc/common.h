@@ -49,16 +49,14 @@ void parallel_row_spans(int64_t rows, int64_t cols, const F& fn) {
 
 // fn(i0, i1) over [0, count) in runs of consecutive items that the threads take from a shared
 // counter, each run 1 / (1.5 * threads) of the items left (at least one): long runs first, short
-// ones at the end. Not a fixed share each: on a 2-vCPU VM (AMD EPYC Zen 3) one vCPU at times ran
-// far slower, per call and for seconds at a time, and a fixed split waited for it; with the first
-// run a third of the work (two threads), a vCPU up to 2x slower still finishes its run in time.
-// Not short runs throughout either (about 8 a thread, as before): a kernel prefetches the next
-// block only within its run, so runs of one or two blocks (a 1024-2048-column weight) streamed
-// with gaps. fconv_wmt_en_fr decoding steps on a Zen 5 VM, 2 threads, paired in one process against
-// 8 runs a thread: fp32 at AVX-512 0.98x the time at 1 and 5 rows, 0.96x at 10, 0.95x at 15; int8
-// (VNNI) 0.95x at 5, 0.97x at 15; int7 capped at AVX2 0.94x at 1 and 5, 0.97x at 10 and 15; alike
-// (0.99-1.00x) while the VM's memory ran slow. Each item is still computed whole by one thread,
-// so results do not depend on the schedule. Inside a parallel region, or on one thread: one run.
+// ones at the end. Not a fixed share each: a virtual core may run far slower for seconds at a
+// time, and a fixed split waits for it; with the first run a third of the work (two threads), a
+// thread up to 2x slower still finishes its run in time. Not short runs throughout either (about
+// 8 a thread): a kernel prefetches the next block only within its run, so runs of one or two
+// blocks (a 1024-2048-column weight) stream with gaps
+// (bench/results/kernel-decisions.md#common-parallel-runs).
+// Each item is still computed whole by one thread, so results do not depend on the schedule.
+// Inside a parallel region, or on one thread: one run.
 template <typename F>
 void parallel_runs(int64_t count, const F& fn) {
   const int64_t threads = at::get_num_threads();

@@ -12,24 +12,6 @@
 
 namespace convs2s {
 
-// y = x @ weight.T + bias for x (M, K) and weight (N, K), float32 or bf16: a decoding step's Linear,
-// on the few-row kernel up to the rows measured for this shape (kernel_choice.h), else the measured library's GEMM;
-// with `packed` (pack_kn_weight(weight.T)), the packed kernel at the rows measured for form kp.
-at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                        const c10::optional<at::Tensor>& packed) {
-  CONVS2S_CHECK_CPU(x);
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type() &&
-                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              "small_linear takes float32 or bf16 (x and weight alike)");
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "x (M, K), weight (N, K)");
-  TORCH_CHECK(x.size(0) >= 1, "small_linear takes at least one row");
-  if (packed.has_value()) return measured_packed_product(x, weight.t(), *packed, bias);  // pack_kn_weight(weight.t())
-  // a transposed view of a (K, N) matrix (the attention fold's W_in^T): the (K, N) product, no copy
-  if (!weight.is_contiguous() && weight.t().is_contiguous())
-    return measured_product(x, weight.t(), bias, /*w_is_nk=*/false);
-  return measured_product(x, weight, bias, /*w_is_nk=*/true);
-}
-
 at::ScalarType weight_dtype(const std::string& name) {
   static const std::unordered_map<std::string, at::ScalarType> names{
       {"float32", at::kFloat}, {"bfloat16", at::kBFloat16}, {"int8", at::kChar}};

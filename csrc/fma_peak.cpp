@@ -1,8 +1,8 @@
 // The FMA units' peak, and the int8 dot products', measured: the compute limits a roofline divides by.
 //
 // A library GEMM is not always the machine's peak: MKL's fp32 GEMM runs its AVX2 code on AMD
-// CPUs, so on an AVX-512 AMD EPYC (Zen 5) it measured 237 GFLOP/s with 2 threads while the
-// project's AVX-512 kernels ran a decoding step's products at ~300, a "fraction of peak" above 1.
+// CPUs, where the project's AVX-512 kernels outran it, a "fraction of peak" above 1
+// (bench/results/kernel-decisions.md#fma-peak-not-library-gemm).
 // Here each thread runs independent multiply-adds on registers only (no memory traffic), at the
 // instruction set the project's kernels run at (kernel_isa(), so CONVS2S_KERNELS_ISA=avx2 caps it).
 
@@ -25,7 +25,7 @@ namespace {
 
 // Accumulators per thread: enough independent chains to cover the FMA latency (4 cycles) on two
 // or more pipes, with the two constants in registers too (32 zmm at AVX-512, 16 ymm / xmm below:
-// 16 chains there spilled and measured 170 GFLOP/s where MKL's GEMM ran 237).
+// 16 chains there spilled; bench/results/kernel-decisions.md#fma-peak-not-library-gemm).
 template <int kRegisters> constexpr int kChainsFor = kRegisters - 4;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -88,10 +88,9 @@ int per_round(Isa isa) { return isa == Isa::avx512 ? kChainsFor<20> * 16 : isa =
 // ---- the int8 dot products' rate: exact int8 x int8 -> int32 multiply-adds on registers ----
 // The instructions linear_w8a8's kernels multiply with, in the same mix (linear_w8a8_cpu.cpp):
 // AVX-512 VNNI's vpdpbusd (64 multiply-adds), or AVX2's vpsignb + vpmaddubsw + vpmaddwd + vpaddd
-// (32; without vpsignb for 7-bit activations). On the Zen 3 VM the AVX2 group ran at 0.8 per cycle
-// (1.6x the FMA units' multiply-adds), bound by the vector instructions issued (~3 a cycle), not
-// the multiplies: the 3-instruction 7-bit group ran ~1.35x as many multiply-adds; the packed
-// kernel reached ~75% of the 8-bit rate on a weight in the caches, its loads and sums the rest.
+// (32; without vpsignb for 7-bit activations). The AVX2 group is bound by the vector instructions
+// issued, not the multiplies, so the 3-instruction 7-bit group runs more multiply-adds a cycle
+// (bench/results/kernel-decisions.md#fma-peak-int8-dot-rate).
 
 // Accumulators per thread: VNNI's as the FMA chains (vpdpbusd's latency 5 on two pipes); AVX2's
 // fixed by the assembly below (ymm8-15).

@@ -2,10 +2,8 @@
 //
 // A decoding step reads every weight of the decoder once (381 MB for fconv_wmt_en_fr) and nothing
 // stays in cache between steps. On 4 KB pages that stream crosses a page every 4 KB: a TLB miss
-// and a hardware prefetcher that stops at the boundary. On 2 MB pages, one AMD EPYC (Zen 5) VM,
-// 2 threads: a plain sum over 25 MB tensors read 55 -> 90 GB/s, the packed (K, N) kernel at
-// 1-5 rows ~50 -> 80-90 GB/s, and run-to-run spread (50 or 80 GB/s by process) went away
-// (bench/results/amd-zen5-2c).
+// and a hardware prefetcher that stops at the boundary. On 2 MB pages the stream reads faster and
+// steadier from run to run (bench/results/kernel-decisions.md#huge-pages-streamed-weights).
 
 #include "huge_pages.h"
 

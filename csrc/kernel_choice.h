@@ -18,9 +18,9 @@ namespace convs2s {
 // The weight's layout: (N, K) as nn.Linear stores it, or (K, N) as the linearised conv weight;
 // w8a8: an int8 (N, K) weight times int8 activations (linear_w8a8); w7a8: the same weight times 7-bit
 // activations, measured apart (the AVX2 packed kernel runs 7 bits with a quarter fewer instructions,
-// the reducing kernel no faster: on a Zen 3 at 5-24 rows of 2048 x 3072 the packed kernel took
-// 0.65-0.85x the reducing one's time with 7-bit rows, 0.83-1.03x with 8-bit ones). 7-bit weights
-// take w7a8's choice: they only make the packed kernel faster, so where it won it wins again.
+// the reducing kernel no faster, so the crossover moves:
+// bench/results/kernel-decisions.md#kernel-choice-w7a8-form). 7-bit weights take w7a8's choice:
+// they only make the packed kernel faster, so where it won it wins again.
 // kp: a (K, N) weight packed by pack_kn_weight (small_gemm_kn_packed) against ATen's GEMM on the weight
 enum class Form : int64_t { nk = 0, kn = 1, w8a8 = 2, kp = 3, w7a8 = 4 };
 

@@ -3,8 +3,8 @@
 // inner product through torch's own op (mkldnn::_linear_pointwise, which torch's CPU compiler emits),
 // whichever was measured faster for that weight shape and row count (kernel_choice.h,
 // convs2s_kernels.tune). Both, because neither wins everywhere by design: MKL runs its AVX2 code
-// on AMD CPUs, and on a Zen 5 (2 threads) oneDNN took 0.30-0.37x MKL's time for fconv_wmt_en_fr's
-// encoder and attention-fold products at 24-250 rows, 0.44-0.72x with both capped at AVX2.
+// on AMD CPUs, where oneDNN took a fraction of its time
+// (bench/results/kernel-decisions.md#library-gemm-onednn-or-mkl).
 // oneDNN's sums come in another order than MKL's: equal to float32 rounding, not bit for bit (and
 // once choices are in force, conv_glu's forward in training takes them too). torch's switch
 // (torch.backends.mkldnn.enabled = False) turns the oneDNN side off.
@@ -43,8 +43,8 @@ at::Tensor blas_gemm(const at::Tensor& x, const at::Tensor& w, const c10::option
 }
 
 // x @ w_nk^T + bias by oneDNN, the weight as it lies (a transposed view too): oneDNN reorders it
-// for its kernel on every call, which cost 10-30% against a weight reordered once (Zen 5, 2048 x
-// 3072, 24-120 rows) and still beat MKL by 2.5-3x there.
+// for its kernel on every call: slower than a weight reordered once, still well ahead of MKL
+// (bench/results/kernel-decisions.md#library-gemm-onednn-reorder).
 at::Tensor onednn_gemm(const at::Tensor& x, const at::Tensor& w_nk, const c10::optional<at::Tensor>& bias) {
   torch::jit::Stack stack;
   stack.reserve(6);

@@ -3,8 +3,8 @@
 // A tensor copy or sum is not the fastest reader: the packed int8 kernels prefetch their weight
 // stream ahead into L1 on every thread. Here every thread reads its contiguous share of the buffer
 // once, 64-byte lines summed into independent accumulators, asking for the lines kStreamAheadBytes
-// ahead as the AVX2 int8 kernel does (stream_ahead.h); nothing is written. On a Zen 5 VM, 2
-// threads, 256 MB on huge pages: 50.7-51.0 GB/s where a copy read 40.7-42.3 and a sum 41.5-48.2.
+// ahead as the AVX2 int8 kernel does (stream_ahead.h); nothing is written. It reads faster than a
+// copy or a sum (bench/results/kernel-decisions.md#read-peak-probe).
 // The bytes past the last whole line are neither read nor counted.
 
 #include <ATen/Parallel.h>

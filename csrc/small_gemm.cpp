@@ -15,8 +15,6 @@
 #include "huge_pages.h"
 #include "row_tiles.h"
 #include "isa.h"
-#include "kernel_choice.h"
-#include "library_gemm.h"
 #include "vec.h"
 
 #include <ATen/Parallel.h>
@@ -89,10 +87,9 @@ struct Gemm {
 };
 
 // Software prefetch. The (K, N) kernel, in tiles of two rows or more: the more rows a tile has,
-// the longer it computes on each weight vector and the fewer loads it keeps in flight; the
-// hardware prefetchers alone left it 10-20% slower at 5-16 rows, at AVX-512 and AVX2 alike
-// (bench/results/xeon-amx-2c), and prefetching in every row tile was 8% faster at 12 rows than
-// in the first only. The (N, K) kernel: see nk_tile.
+// the longer it computes on each weight vector and the fewer loads it keeps in flight, which the
+// hardware prefetchers alone do not make up for; every row tile prefetches, not only the first
+// (bench/results/kernel-decisions.md#small-gemm-kn-prefetch). The (N, K) kernel: see nk_tile.
 template <int M> constexpr bool kPrefetch = M >= 2;
 // The line at `offset` elements from p, which may lie past the weight's end (a prefetch never
 // faults; the address is formed as an integer, not as an out-of-range pointer). `Locality` 3
@@ -113,10 +110,9 @@ const Isa kIsa = kernel_isa();
 // kWideChunkRows rows on. Few rows are memory-bound: 16 rows walked side by side are 16 streams
 // the hardware prefetchers follow. Many rows are compute-bound: each tile stores and reloads its
 // accumulators once per chunk, and a 64-row chunk (16 KB of a 64-column piece, re-read from L1
-// or L2 by the next row tile) amortises that 4x. fconv_wmt_en_fr's conv weights, cold, AVX-512: KC_WIDE
-// 10-16% faster at 20-30 rows (fp32; bf16 weights 11-18% at 16-35), alike at 16, 3-26% slower
-// at 5-12 rows; AVX2 (16-column tiles): 34% slower at 16 rows, 10% at 25, 6% faster at 35, so
-// AVX2 keeps KC (bench/results/xeon-amx-2c).
+// or L2 by the next row tile) amortises that 4x. KC_WIDE pays at AVX-512 from about 16 rows on
+// and loses below; AVX2 (16-column tiles) keeps KC
+// (bench/results/kernel-decisions.md#small-gemm-kn-wide-chunk).
 constexpr int64_t KC = 16;
 constexpr int64_t KC_WIDE = 64;
 constexpr int64_t kWideChunkRows = 16;
@@ -153,7 +149,7 @@ CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, 
     }
     // the same columns kKnPrefetchAhead rows on (with KC rows a chunk: the next chunk's piece);
     // packed tiles too ask for the lines the first tile asked for, as every tile did before the
-    // packing (asking for the chunk after next instead was 10-20% slower at 8-15 rows)
+    // packing, not the chunk after next (bench/results/kernel-decisions.md#small-gemm-kn-prefetch)
     if constexpr (kPrefetch<M>)
       prefetch_lines(g.w, (k + kKnPrefetchAhead) * g.N + c, VT * L * sizeof(W));
     for (int m = 0; m < M; ++m) {
@@ -166,11 +162,10 @@ CONVS2S_INLINE void kn_tile(const Gemm<W>& g, int64_t r, int64_t c, int64_t k0, 
 }
 
 // Rows cut into tiles of at most MT, as even as can be (15 rows: 5 + 5 + 5, not 6 + 6 + 3): a
-// small last tile reads every weight vector and prefetch line for few FMAs. (K, N) kernel, conv
-// weights, AVX-512: 1-3% faster at 15 rows, 6-8% at 20, alike elsewhere; the (N, K) kernel
-// measured alike and keeps its tiles. A loop over tiles, not a function taking a lambda: a
-// lambda's body is compiled without the caller's target attribute (the (N, K) kernel ran 3-6x
-// slower so, bench/results/xeon-amx-2c).
+// small last tile reads every weight vector and prefetch line for few FMAs; the (N, K) kernel
+// gained nothing and keeps its tiles. A loop over tiles, not a function taking a lambda: a
+// lambda's body is compiled without the caller's target attribute (the (N, K) kernel ran several
+// times slower so: bench/results/kernel-decisions.md#small-gemm-even-tiles).
 struct EvenTiles {
   int64_t count, base, extra;
   EvenTiles(int64_t rows, int64_t most) : count((rows + most - 1) / most), base(rows / count), extra(rows % count) {}
@@ -183,9 +178,8 @@ struct EvenTiles {
 // in y. With more rows than one tile and KC rows a chunk, the first row tile copies its chunk
 // piece (widened to float32) into a contiguous buffer that the next row tiles read: weight rows
 // 4-32 KB apart (N of 1024-8192 floats) fall into a few L1 sets, more lines than their ways, so
-// the piece re-read in place came back from L2. fconv_wmt_en_fr's conv weights, cold, 2 threads:
-// fp32 4-10% faster at 8-15 rows (AVX2 5-11% at 8-25), bf16 weights 15-21%; at AVX-512's 64-row
-// chunk (25 rows) the copy cost more than it saved.
+// the piece re-read in place came back from L2; at AVX-512's 64-row chunk the copy cost more than
+// it saved (bench/results/kernel-decisions.md#small-gemm-kn-pack-buffer).
 template <typename V, int MT, int VT, typename W>
 CONVS2S_INLINE void kn_panel(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t n1) {
   constexpr int L = Vec<V>::lanes;
@@ -235,13 +229,12 @@ CONVS2S_INLINE void kn_panel(const Gemm<W>& g, int64_t rows, int64_t n0, int64_t
 // across the whole of K when one row tile holds every row, and needs no pack buffer for the row
 // tiles after the first: they re-read a chunk of the block that the first tile just brought to L1.
 
-// Bytes of a block's chunk that the row tiles share while it sits in L1 (48 KB on Zen 5, 32 KB
-// on Zen 4 and recent Xeons; the tiles' x rows and the next chunk's prefetched lines need room too).
+// Bytes of a block's chunk that the row tiles share while it sits in L1 (a third to a half of a
+// 32-48 KB L1; the tiles' x rows and the next chunk's prefetched lines need room too).
 constexpr int64_t kPackedChunkBytes = 16 << 10;
 // The first row tile asks for the lines this far ahead of the row it reads (into L1): 16 rows of
-// a 64-column AVX-512 block, 256 rows of a 16-column AVX2 one. Measured on 25-64 MB conv weights,
-// Zen 5, huge pages, 1-25 rows: 1-16 KB ahead at AVX-512 alike within 5% but 1 KB (-10-20% at
-// 5-25 rows); at AVX2, 16 KB beat 1 KB by 10-60% and 4 KB by 5-25% from 5 rows on.
+// a 64-column AVX-512 block, 256 rows of a 16-column AVX2 one: at AVX2 the longer distance won,
+// at AVX-512 anything past 1 KB did alike (bench/results/kernel-decisions.md#small-gemm-packed-ahead).
 template <int64_t NB> constexpr int64_t kPackedAheadBytes = NB >= 64 ? 4 << 10 : 16 << 10;
 
 // A row tile's share of the next chunk's weight rows (`rows` of them from `w`), which it asks for
@@ -292,9 +285,9 @@ CONVS2S_INLINE void kp_tile(const float* x, int64_t ldx, const W* blk, int64_t k
 // Blocks [b0, b1) of a packed weight, every row. One row tile: the whole of K at once, prefetching
 // ahead. More: K in chunks of kPackedChunkBytes, every row tile over a chunk (from L1) before the
 // next, each tile asking for an equal share of the next chunk (this block's, or the next block's
-// first) while it computes: 11-38% faster at 15-25 rows than the first tile alone prefetching
-// ahead, which left the memory idle while the later tiles computed (AVX-512, Zen 5; 1-5% at AVX2,
-// compute-bound there). A last block narrower than NB is computed into a scratch tile and copied out.
+// first) while it computes: the first tile alone prefetching ahead left the memory idle while the
+// later tiles computed (bench/results/kernel-decisions.md#small-gemm-packed-chunk-share). A last
+// block narrower than NB is computed into a scratch tile and copied out.
 template <typename V, int MT, int VT, typename W>
 CONVS2S_INLINE void kp_blocks(const Gemm<W>& g, int64_t rows, int64_t b0, int64_t b1) {
   constexpr int L = Vec<V>::lanes;
@@ -354,9 +347,8 @@ constexpr int64_t kNkAheadBlocks = 2;
 // rows kNkAheadBlocks on: tile t takes the t-th of `tiles` equal stretches of the block's lines,
 // spread evenly over its own loop, so that the memory keeps streaming while later row tiles
 // compute on the block in L1. Prefetching only in the first row tile (into L1, 1 KB ahead)
-// left it idle then (20-28% slower at 2-24 rows); dealing the lines out in turn instead (tile t
-// the lines t, t + tiles, ...) gained only 0-10% at 5-8 rows (fconv_wmt_en_fr's (N, K) weights,
-// AVX-512; bench/results/xeon-amx-2c).
+// left it idle then; dealing the lines out in turn instead (tile t the lines t, t + tiles, ...)
+// gained less (bench/results/kernel-decisions.md#small-gemm-nk-prefetch).
 template <typename V, int M, int NT, typename W>
 CONVS2S_INLINE void nk_tile(const Gemm<W>& g, int64_t r, int64_t n, int tile, int tiles) {
   constexpr int L = Vec<V>::lanes;
@@ -467,11 +459,8 @@ void small_gemm_kn_packed(int64_t rows, const float* x, int64_t ldx, const W* pa
   RECORD_FUNCTION("convs2s::few_rows_kn_packed", std::vector<c10::IValue>());
   const Gemm<W> g{x, ldx, packed, K, N, b, s, y, ldy};
   const int64_t blocks = (N + kn_packed_width() - 1) / kn_packed_width();
-  // runs of whole blocks, each one stream through memory, dealt out as threads come free: with a
-  // fixed half each, fconv_wmt_en_fr-sized weights at 12 rows took 17.6 ms in calls where both
-  // vCPUs ran alike and 26.8-32.8 ms where one was slower; runs took 0.76-0.81x of that there
-  // (1, 6 and 15 rows 0.90-0.93x) and alike within 1-2% elsewhere. Whole decoding steps, paired
-  // medians: 0.93-0.97x at 10-20 rows, alike at 1-5 (bench/results/amd-zen3-2c)
+  // runs of whole blocks, each one stream through memory, dealt out as threads come free: a fixed
+  // half each waited for a slower core (bench/results/kernel-decisions.md#small-gemm-packed-runs)
   parallel_runs(blocks, [&](int64_t b0, int64_t b1) { packed_blocks(g, rows, b0, b1); });
 }
 
@@ -507,8 +496,7 @@ void small_gemm_nk(int64_t rows, const float* x, int64_t ldx, const W* w, int64_
 // The (K, N) kernel splits K between pairs of threads when the weight is large enough (and the
 // call is not already inside a parallel region): each thread then sweeps whole weight rows, a
 // chunk of consecutive rows (one contiguous stretch of memory; kn_chunk) at a time, where a split
-// by columns gave each thread 16 half-rows. fconv_wmt_en_fr's conv weights, 2 threads, builds alternated: fp32
-// 3-10% faster at 2-24 rows (AVX-512; AVX2 1-6%), bf16 11-15% at 5-16 rows, one row alike. The
+// by columns gave each thread 16 half-rows (bench/results/kernel-decisions.md#small-gemm-split-k). The
 // second half's partial sums wait in a buffer that a last pass adds, with scale and bias. Beyond
 // two threads the pairs split the columns.
 constexpr int64_t kSplitKMinWeights = int64_t(1) << 18;
@@ -569,135 +557,5 @@ void small_gemm_kn(int64_t rows, const float* x, int64_t ldx, const W* w, int64_
 CONVS2S_INSTANTIATE(float)
 CONVS2S_INSTANTIATE(at::BFloat16)
 CONVS2S_INSTANTIATE(int8_t)
-
-at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, bool w_is_nk) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && w.is_contiguous(), "small_gemm: x (M, K), contiguous 2-D weight");
-  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "small_gemm: x and weight must share a dtype");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "small_gemm: float32 or bf16");
-  const int64_t M = x.size(0), K = x.size(1), N = w_is_nk ? w.size(0) : w.size(1);
-  TORCH_CHECK((w_is_nk ? w.size(1) : w.size(0)) == K, "small_gemm: weight does not match x's K");
-  TORCH_CHECK(M >= 1 && M <= kSmallGemmMaxRows, "small_gemm takes 1..", kSmallGemmMaxRows, " rows");
-  TORCH_CHECK(K >= 1 && N >= 1, "small_gemm: K and N must be positive");
-  const at::Tensor xf = x.to(at::kFloat).contiguous();  // activations are tiny: widen once
-  at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
-  at::Tensor y = new_output({M, N}, x.options().dtype(at::kFloat));
-  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
-  if (w.scalar_type() == at::kFloat) {
-    if (w_is_nk) small_gemm_nk(M, xf.data_ptr<float>(), K, w.data_ptr<float>(), N, K, bp, y.data_ptr<float>(), N);
-    else small_gemm_kn(M, xf.data_ptr<float>(), K, w.data_ptr<float>(), K, N, bp, y.data_ptr<float>(), N);
-    return y;
-  }
-  const at::BFloat16* wp = w.data_ptr<at::BFloat16>();
-  if (w_is_nk) small_gemm_nk(M, xf.data_ptr<float>(), K, wp, N, K, bp, y.data_ptr<float>(), N);
-  else small_gemm_kn(M, xf.data_ptr<float>(), K, wp, K, N, bp, y.data_ptr<float>(), N);
-  return y.to(x.scalar_type());
-}
-
-void check_packed_kn(const at::Tensor& packed, int64_t K, int64_t N) {
-  const int64_t NB = kn_packed_width();
-  TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() && packed.device().is_cpu(),
-              "a packed (K, N) weight is a contiguous CPU (blocks, K, width) tensor (pack_kn_weight)");
-  TORCH_CHECK(packed.size(2) == NB, "the weight was packed ", packed.size(2), " columns a block, this CPU's kernels take ",
-              NB, " (pack it again with pack_kn_weight)");
-  TORCH_CHECK(packed.size(1) == K && N >= 1 && packed.size(0) == (N + NB - 1) / NB, "a packed (", packed.size(0), ", ",
-              packed.size(1), ", ", NB, ") weight is not a (K, N) = (", K, ", ", N, ") weight");
-}
-
-at::Tensor small_gemm_packed(const at::Tensor& x, const at::Tensor& packed, int64_t N,
-                             const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.is_contiguous(),
-              "small_gemm_packed: x (M, K), packed (blocks, K, width) contiguous");
-  TORCH_CHECK(x.scalar_type() == packed.scalar_type() &&
-                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              "small_gemm_packed: x and the packed weight must share a dtype, float32 or bf16");
-  const int64_t M = x.size(0), K = x.size(1);
-  check_packed_kn(packed, K, N);
-  TORCH_CHECK(M >= 1, "small_gemm_packed takes at least one row");
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
-  TORCH_CHECK(!bf.defined() || bf.numel() == N, "small_gemm_packed: bias must have N elements");
-  at::Tensor y = new_output({M, N}, x.options().dtype(at::kFloat));
-  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
-  // pieces of at most kSmallGemmMaxRows rows, each reading the whole weight (past the cap the
-  // product is compute-bound: re-reading it costs little against the rows' arithmetic)
-  for (int64_t r = 0; r < M; r += kSmallGemmMaxRows) {
-    const int64_t rows = std::min(kSmallGemmMaxRows, M - r);
-    const float* xr = xf.data_ptr<float>() + r * K;
-    float* yr = y.data_ptr<float>() + r * N;
-    if (packed.scalar_type() == at::kFloat)
-      small_gemm_kn_packed(rows, xr, K, packed.data_ptr<float>(), K, N, bp, yr, N);
-    else
-      small_gemm_kn_packed(rows, xr, K, packed.data_ptr<at::BFloat16>(), K, N, bp, yr, N);
-  }
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
-}
-
-at::Tensor measured_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                            bool w_is_nk) {
-  const auto dtype = x.scalar_type();
-  const bool kernel_dtype = (dtype == at::kFloat || dtype == at::kBFloat16) && dtype == w.scalar_type();
-  const int64_t K = x.size(1), N = w_is_nk ? w.size(0) : w.size(1);
-  if (kernel_dtype && use_few_rows(w_is_nk ? Form::nk : Form::kn, w.scalar_type(), K, N, x.size(0)))
-    return small_gemm(x, w.contiguous(), bias, w_is_nk);  // stream the weight once, not pack it for a GEMM
-  return library_gemm(x, w, bias, w_is_nk ? Form::nk : Form::kn, w_is_nk);
-}
-
-// The pieces run one after another, each split between the threads by column blocks only: at 1024
-// rows and more a narrow weight (768 x 256: 4 blocks of 64 columns) took 1.29-1.47x the library's
-// time at AVX-512 (fconv_wmt_en_fr's conv weights 0.91-1.09x), and a library GEMM would use every
-// core of a larger machine; so the library takes the rows past 8 pieces.
-constexpr int64_t kPackedPiecesMaxRows = 8 * kSmallGemmMaxRows;
-
-at::Tensor measured_packed_product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& packed,
-                                   const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(w.dim() == 2 && packed.scalar_type() == w.scalar_type(), "the packed weight must be w's, packed");
-  check_packed_kn(packed, w.size(0), w.size(1));
-  const auto dtype = x.scalar_type();
-  const bool kernel_dtype = (dtype == at::kFloat || dtype == at::kBFloat16) && dtype == packed.scalar_type();
-  // Past the kernels' row cap, up to kPackedPiecesMaxRows: the kernel in pieces of that many rows
-  // where it was measured faster than the GEMM at the cap. fconv_wmt_en_fr's attention folds (768 x
-  // 512-4096) at 81 and 128 rows, 2 threads, Zen 5: 0.84-0.90x oneDNN's time at AVX-512, 0.89-0.92x
-  // capped at AVX2; its decoding steps at 80 and 160 rows alike (0.99-1.01x, paired); its conv
-  // weights and a 768 x 256 one at 256-512 rows 0.92-0.98x the faster library's, both levels.
-  const int64_t rows = x.size(0);
-  if (kernel_dtype && rows <= kPackedPiecesMaxRows &&
-      use_few_rows(Form::kp, dtype, x.size(1), w.size(1), std::min(rows, kSmallGemmMaxRows)))
-    return small_gemm_packed(x, packed, w.size(1), bias);
-  return library_gemm(x, w, bias, Form::kp, /*w_is_nk=*/false);
-}
-
-void check_int8_linear_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, op, ": x must be float32 (M, K)");
-  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kChar, op, ": qweight must be int8 (N, K)");
-  TORCH_CHECK(qweight.size(1) == x.size(1), op, ": qweight has ", qweight.size(1), " input features but x has ",
-              x.size(1));
-  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == qweight.size(0) && scale.scalar_type() == at::kFloat, op,
-              ": scale must be float32 (N,)");
-}
-
-at::Tensor small_gemm_int8_kernel(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                                  const c10::optional<at::Tensor>& bias) {
-  check_int8_linear_args("linear_int8", x, qweight, scale);
-  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  TORCH_CHECK(M >= 1 && M <= kSmallGemmMaxRows, "the int8 few-row kernel takes 1..", kSmallGemmMaxRows, " rows");
-  TORCH_CHECK(K >= 1 && N >= 1, "the int8 few-row kernel: K and N must be positive");
-  const at::Tensor xc = x.contiguous(), qc = qweight.contiguous(), sc = scale.contiguous();
-  at::Tensor bf = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
-  at::Tensor y = new_output({M, N}, x.options());
-  small_gemm_nk(M, xc.data_ptr<float>(), K, qc.data_ptr<int8_t>(), N, K, bf.defined() ? bf.data_ptr<float>() : nullptr,
-                y.data_ptr<float>(), N, sc.data_ptr<float>());
-  return y;
-}
-
-at::Tensor small_gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                           const c10::optional<at::Tensor>& bias) {
-  check_int8_linear_args("linear_int8", x, qweight, scale);
-  if (!use_few_rows(Form::nk, at::kChar, x.size(1), qweight.size(0), x.size(0))) {
-    // many rows: a GEMM is compute-bound there, so dequantise once and let the BLAS run
-    const at::Tensor w = qweight.to(at::kFloat).mul_(scale.unsqueeze(1));
-    return bias.has_value() ? at::addmm(*bias, x, w.t()) : at::mm(x, w.t());
-  }
-  return small_gemm_int8_kernel(x, qweight, scale, bias);
-}
 
 }  // namespace convs2s

@@ -50,6 +50,10 @@ at::Tensor measured_product(const at::Tensor& x, const at::Tensor& w, const c10:
 // library's GEMM on w at the others (ATen's for any other dtype).
 at::Tensor measured_packed_product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& packed,
                                    const c10::optional<at::Tensor>& bias);
+// The linear op (linear_cpu.cpp): x @ weight.T + bias for x (M, K) and weight (N, K), float32 or
+// bf16; with `packed` (pack_kn_weight(weight.T)) the packed kernel at the rows measured for form kp.
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                        const c10::optional<at::Tensor>& packed);
 // x (M, K) float32 @ (qweight (N, K) int8 * scale (N,) per row)^T + bias: weight-only int8 for
 // decoding (a quarter of float32's bytes streamed, float32 activations and accumulation); rows
 // past the measured limit (kernel_choice.h) dequantise the weight once and run a GEMM.

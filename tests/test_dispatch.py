@@ -75,7 +75,7 @@ def test_cpp_disable_env(monkeypatch):
 
 def test_capability_derives_every_reason():
     """One declaration gives the refusals: device, dtype, rows, gradients, and the extra check."""
-    cap = ck.Capability({"cpu": (torch.float32,)}, rows=(1, 4), extra=lambda x, w: ["w is odd"] if w.shape[0] % 2 else [])
+    cap = dispatch.Capability({"cpu": (torch.float32,)}, rows=(1, 4), extra=lambda x, w: ["w is odd"] if w.shape[0] % 2 else [])
     ok = torch.randn(3, 5), torch.randn(6, 5)
     assert cap.reasons("demo op", ok, *ok) == []
     why = cap.reasons("demo op", (torch.randn(2, 5).double(),), torch.randn(2, 5), torch.randn(6, 5))

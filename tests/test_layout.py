@@ -2,12 +2,16 @@
 
 * nothing outside ``convs2s_kernels`` touches one of its names starting with ``_``;
 * the model package imports nothing from the benchmarks (``convs2s_bench``) at import time;
-* every op has its folder with the public function, its reference and its backends' glue;
+* every op has one name in every tree: its folder (public function, reference, backends' glue),
+  its C++ kernel, its tests and its benchmark; every other file of those trees is named as shared;
+* comments say why; the measurements behind them live under ``bench/results/``;
 * the model modules are the paper's model: no engine machinery imported or named, fairseq's size;
 * no function in the packages is 60 lines or longer.
 """
 
 import ast
+import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -20,9 +24,19 @@ OUTSIDE_KERNELS = ["convs2s", "bench", "tests", "examples", "scripts"]
 PACKAGES = ["convs2s", "convs2s_kernels", "bench/convs2s_bench"]
 OPS = ["conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8", "linear_w8a8", "decoder_step", "beam_candidates", "beam_update"]
 MAX_FUNCTION_LINES = 60
-# ops benchmarked inside another op's suite, beside what they replace (not yet a suite of their own):
-# int8 products against the float32 product, the one-call decoder step inside whole generations
-BENCHMARK_SUITE = {"linear_int8": "linear", "linear_w8a8": "linear", "decoder_step": "generate"}
+# files of the op trees that belong to no single op, each with its job
+SHARED = {
+    "csrc": {"convs2s_cpu.cpp": "the pybind module", "small_gemm.cpp": "few-row kernels of linear, conv_step, conv_glu",
+             "library_gemm.cpp": "the GEMM libraries' products", "kernel_choice.cpp": "the measured kernel choice",
+             "glu_cpu.cpp": "the conv kernels' GLU epilogue", "isa.cpp": "the instruction set chosen at run time",
+             "huge_pages.cpp": "weights on huge pages", "fma_peak.cpp": "the compute roofline's probe",
+             "read_peak.cpp": "the bandwidth roofline's probe"},
+    "bench": {"test_bench_generate.py": "whole-model generation",
+              "test_bench_host_overhead.py": "host cost per call of every op"},
+    "tests/ops": {"test_fuzz.py": "random shapes through every op", "test_few_rows_kernels.py": "the shared few-row kernels",
+                  "harness.py": "the ops' test harness"},
+}
+ISA_SUFFIXES = ("_cpu", "_avx2", "_avx512")  # csrc/<op>_cpu.cpp, split by instruction set where it helps
 
 
 def python_files(folders):
@@ -110,15 +124,72 @@ def test_the_model_module_check_can_fail():
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_each_op_has_one_folder_with_everything(op):
+def test_each_op_has_one_name_in_every_tree(op):
     folder = REPO / "convs2s_kernels" / "ops" / op
     have = {p.name for p in folder.glob("*.py")}
-    want = {"__init__.py", "api.py", "reference.py", "cpp.py"} | ({"triton.py", "triton_kernels.py"} if op in TRITON_OPS else set())
+    want = {"__init__.py", "api.py", "reference.py", "cpp.py"} | ({"triton.py", "triton_kernels.py", "triton_launches.py"} if op in TRITON_OPS else set())
     assert want <= have, f"{folder} lacks {sorted(want - have)}"
-    assert (REPO / "tests" / "ops" / f"test_{op}.py").exists()
-    bench = REPO / "bench" / f"test_bench_{BENCHMARK_SUITE.get(op, op)}.py"
-    assert bench.exists(), f"{op}'s benchmark {bench.name} is missing"
+    for path in (f"csrc/{op}_cpu.cpp", f"tests/ops/test_{op}.py", f"bench/test_bench_{op}.py"):
+        assert (REPO / path).exists(), f"{op} has no {path}"
+        assert path in importlib.import_module(f"convs2s_kernels.ops.{op}").__doc__, f"{op}'s folder does not cite {path}"
     assert callable(getattr(ck, op)) and callable(getattr(ck, f"{op}_ref"))
+
+
+def op_of(stem: str):
+    """The op a file stem names (``linear_w8a8_avx2`` -> ``linear_w8a8``), longest name first."""
+    return next((op for op in sorted(OPS, key=len, reverse=True) if stem == op or stem.startswith(op + "_")), None)
+
+
+# the part of a file's name that names its op, per tree, and the files each tree holds
+STEMS = {"csrc": lambda n: n[:-len(".cpp")], "bench": lambda n: n[len("test_bench_"):-len(".py")],
+         "tests/ops": lambda n: n[len("test_"):-len(".py")]}
+GLOBS = {"csrc": "*.cpp", "bench": "test_bench_*.py", "tests/ops": "*.py"}
+
+
+def unnamed_files(tree: str, names) -> list:
+    """Files of an op tree that name no op (a C++ file also its instruction set) and are not shared."""
+    def named(name):
+        stem = STEMS[tree](name)
+        op = op_of(stem)
+        return op is not None and (tree != "csrc" or stem[len(op):] in ISA_SUFFIXES)
+    return sorted(n for n in names if n not in SHARED[tree] and n != "__init__.py" and not named(n))
+
+
+def test_every_file_of_the_op_trees_names_its_op_or_is_shared():
+    found = [f"{tree}/{name}" for tree, pattern in GLOBS.items()
+             for name in unnamed_files(tree, [p.name for p in (REPO / tree).glob(pattern)])]
+    assert not found, "files that name no op (rename them, or list them in SHARED with their job):\n" + "\n".join(found)
+    stale = [f"{tree}/{n}" for tree, names in SHARED.items() for n in names if not (REPO / tree / n).exists()]
+    assert not stale, f"SHARED lists files that are gone: {stale}"
+
+
+def test_the_op_name_check_can_fail():
+    assert op_of("linear_w8a8_avx2") == "linear_w8a8" and op_of("linear_int8_cpu") == "linear_int8"
+    assert op_of("attention_cpu") is None and op_of("small_gemm") is None
+    assert unnamed_files("csrc", ["attention_cpu.cpp", "conv_glu_cpu.cpp", "isa.cpp", "linear_w8a8_avx2.cpp",
+                                  "linear_w8a8_probe.cpp"]) == ["attention_cpu.cpp", "linear_w8a8_probe.cpp"]
+    assert unnamed_files("bench", ["test_bench_linear_int8.py", "test_bench_int8.py"]) == ["test_bench_int8.py"]
+
+
+# measurement history in a comment or docstring: a machine, a dated or side-by-side measurement, a
+# measured ratio. It belongs under bench/results/ (kernel-decisions.md for the kernels' choices).
+MEASUREMENT_LOG = re.compile(r"Zen ?[0-9]|Xeon|EPYC|\bVM\b|vCPU|[0-9]\.[0-9]+x (the|at)\b|alternated|paired in|"
+                             r"20[0-9]{2}-[0-9]{2}-[0-9]{2}")
+SOURCE_GLOBS = [("csrc", "*.cpp"), ("csrc", "*.h"), ("convs2s", "**/*.py"), ("convs2s_kernels", "**/*.py")]
+
+
+def measurement_logs(text: str) -> list:
+    return [f"line {i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1) if MEASUREMENT_LOG.search(line)]
+
+
+def test_the_sources_carry_no_measurement_history():
+    found = [f"{path.relative_to(REPO)} {hit}" for folder, pattern in SOURCE_GLOBS
+             for path in sorted((REPO / folder).glob(pattern)) for hit in measurement_logs(path.read_text())]
+    assert not found, "move these to bench/results/ and cite the file:\n" + "\n".join(found)
+
+
+def test_the_measurement_history_check_can_fail():
+    assert len(measurement_logs("// on a Zen 5 VM, 0.86x the time at 5 rows\nint x;  // rows\n# 2026-11-25: alike")) == 2
 
 
 def test_no_function_is_60_lines_or_longer():

@@ -274,13 +274,14 @@ def test_validation_times_no_kernels(copy_data, tmp_path, monkeypatch):
     engine does): measuring one there would stall training on every rank at once, whatever
     CONVS2S_TUNE says."""
     from convs2s_kernels import tune, tune_cache
+    from convs2s_kernels.tune import policy
     from harness import require_or_skip
 
     require_or_skip("cpp")
     monkeypatch.setenv(tune.ENV, "1")
     monkeypatch.setenv(tune_cache.DIR_ENV, str(tmp_path / "cache"))
     timed = []
-    monkeypatch.setattr(tune, "measure", lambda shape: timed.append(shape.name) or pytest.fail("timed"))
+    monkeypatch.setattr(policy, "measure", lambda shape: timed.append(shape.name) or pytest.fail("timed"))
     trainer = Trainer(tiny_config(copy_data, tmp_path), **QUIET)
     tune.forget()
     try:

@@ -12,6 +12,8 @@ import torch
 
 import convs2s_kernels.tune as tune
 import convs2s_kernels as ck
+from convs2s_kernels.tune import candidate_calls, policy, rules, timing
+from convs2s_kernels.tune.__main__ import main as tune_main
 from convs2s_kernels import tune_cache
 from convs2s_kernels.extension import native
 from harness import require_or_skip
@@ -40,27 +42,27 @@ def _fake_measure(calls):
 
 def test_each_bucket_takes_its_winner_and_between_buckets_both_must_agree():
     t = {1: (1, 2), 2: (3, 2), 4: (1, 2), 8: (1, 2), 12: (3, 2)}  # kernel loses at 2 and 12
-    rows = tune.kernel_rows(t, 16)
+    rows = rules.kernel_rows(t, 16)
     assert [r for r, on in enumerate(rows, 1) if on] == [1, 4, 5, 6, 7, 8]
-    assert tune.kernel_rows({}, 4) == [False] * 4
-    assert tune.kernel_rows({1: (2, 1)}, 2) == [False, False]
+    assert rules.kernel_rows({}, 4) == [False] * 4
+    assert rules.kernel_rows({1: (2, 1)}, 2) == [False, False]
 
 
 def test_measure_times_both_candidates_until_the_kernel_loses(fresh):
-    entry = tune.measure(tune.Shape("nk", "float32", 24, 40), buckets=(1, 2, 4))
+    entry = timing.measure(tune.Shape("nk", "float32", 24, 40), buckets=(1, 2, 4))
     measured = list(entry["timings"])
     assert measured in (["1", "2"], ["1", "2", "4"])  # it stops only after two losses in a row
     assert all(len(v) == 2 and min(v) > 0 for v in entry["timings"].values())
     if native().onednn_gemm_available():  # and the GEMM libraries against each other, first
-        assert sorted(entry["library"], key=int) == [str(r) for r in tune.LIBRARY_ROWS]
+        assert sorted(entry["library"], key=int) == [str(r) for r in rules.LIBRARY_ROWS]
         assert all(len(v) == 2 and min(v) > 0 for v in entry["library"].values())
 
 
 def test_the_library_rule_gives_each_row_range_its_faster_gemm():
     timings = {16: (1.0, 2.0), 64: (2.0, 1.0), 256: (3.0, 1.0)}  # (ATen, oneDNN)
-    assert [tune.library_for(timings, r) for r in (1, 32, 33, 128, 129, 5000)] == [
+    assert [rules.library_for(timings, r) for r in (1, 32, 33, 128, 129, 5000)] == [
         "blas", "blas", "onednn", "onednn", "onednn", "onednn"]
-    assert tune.library_for(None, 300) == "blas"
+    assert rules.library_for(None, 300) == "blas"
 
 
 def test_the_few_row_kernels_are_timed_against_the_faster_gemm_library(fresh, monkeypatch):
@@ -68,38 +70,38 @@ def test_the_few_row_kernels_are_timed_against_the_faster_gemm_library(fresh, mo
     library its row range took; the entry keeps both timings and hands the extension both choices."""
     shape = tune.Shape("nk", "float32", 24, 40)
     if not tune.has_library_choice(shape):  # a torch without oneDNN's float32 matmul: ATen's alone
-        assert "library" not in tune.measure(shape, buckets=(1,))
+        assert "library" not in timing.measure(shape, buckets=(1,))
         return
     seen = []
-    monkeypatch.setattr(tune, "measure_library", lambda s: {16: (1.0, 2.0), 64: (2.0, 1.0), 256: (3.0, 1.0)})
-    monkeypatch.setattr(tune, "candidates", lambda s, rows, libraries=("blas",): seen.append((rows, libraries)) or
+    monkeypatch.setattr(timing, "measure_library", lambda s: {16: (1.0, 2.0), 64: (2.0, 1.0), 256: (3.0, 1.0)})
+    monkeypatch.setattr(timing, "candidates", lambda s, rows, libraries=("blas",): seen.append((rows, libraries)) or
                         (rows, libraries))
 
     def fake_time_pair(call, **kw):  # the kernel wins to 48 rows; oneDNN 1.5, ATen 1.8 (1.2 at 64 rows)
         rows, libraries = call
         gemm = {"onednn": 1.5, "blas": 1.2 if rows == 64 else 1.8}
         return [1.0 if rows <= 48 else 2.0] + [gemm[lib] for lib in libraries]
-    monkeypatch.setattr(tune, "time_pair", fake_time_pair)
-    entry = tune.measure(shape)
+    monkeypatch.setattr(timing, "time_pair", fake_time_pair)
+    entry = timing.measure(shape)
     # oneDNN's range (past 32 rows) is timed against ATen's too: the faster is each bucket's GEMM
-    assert seen == [(r, ("blas",) if r <= 32 else ("onednn", "blas")) for r in tune.ROW_BUCKETS]
+    assert seen == [(r, ("blas",) if r <= 32 else ("onednn", "blas")) for r in timing.ROW_BUCKETS]
     assert entry["library"] == {"16": [1e6, 2e6], "64": [2e6, 1e6], "256": [3e6, 1e6]}
     assert entry["gemm_at"]["48"] == "onednn" and entry["gemm_at"]["64"] == "blas"
     assert entry["timings"]["64"] == [2e6, 1.2e6]
-    tune.apply(shape, entry)
+    policy.apply(shape, entry)
     # each compared row count decides to the geometric middle of it and the next: 32 to 39, 48 to 55,
     # 64 (ATen's at its bucket) to 128, 256 (oneDNN) beyond
     assert native().gemm_library_choices() == [(0, "float32", 24, 40, [39, 55, 128, -1], [False, True, False, True])]
     kernel = [r for r, on in enumerate(native().few_rows_choices()[0][4], 1) if on]
     assert kernel == list(range(1, 49))
-    assert tune.library_ranges({"timings": {}}) == ([-1], [False])  # no library measured: ATen's throughout
+    assert rules.library_ranges({"timings": {}}) == ([-1], [False])  # no library measured: ATen's throughout
 
 
 def test_measure_library_times_both_gemms_on_a_real_shape(fresh):
     shape = tune.Shape("kn", "float32", 40, 24)
     if not tune.has_library_choice(shape):
         pytest.skip("this torch has no oneDNN float32 inner product: ATen's GEMM is the only one")
-    timings = tune.measure_library(shape, rows_list=(16, 64))
+    timings = timing.measure_library(shape, rows_list=(16, 64))
     assert sorted(timings) == [16, 64] and all(len(t) == 2 and min(t) > 0 for t in timings.values())
 
 
@@ -115,17 +117,18 @@ def test_w8a8_against_the_reducing_kernel_is_measured_at_every_bucket(monkeypatc
         def linear_w8a8_library_exact(self):
             return library_exact
 
-    monkeypatch.setattr(tune, "native", lambda: FakeExtension())
-    monkeypatch.setattr(tune, "candidates", lambda shape, rows, libraries=("blas",): rows)  # time_pair gets the row count
-    monkeypatch.setattr(tune, "time_pair", lambda rows, **kw: (2.0, 1.0) if rows <= 2 else (1.0, 2.0))
-    entry = tune.measure(tune.Shape("w8a8", "int8", 3072, 2048), buckets=(1, 2, 4, 8, 12))
+    monkeypatch.setattr(timing, "native", lambda: FakeExtension())
+    # time_pair gets the row count
+    monkeypatch.setattr(timing, "candidates", lambda shape, rows, libraries=("blas",): rows)
+    monkeypatch.setattr(timing, "time_pair", lambda rows, **kw: (2.0, 1.0) if rows <= 2 else (1.0, 2.0))
+    entry = timing.measure(tune.Shape("w8a8", "int8", 3072, 2048), buckets=(1, 2, 4, 8, 12))
     measured = [int(r) for r in entry["timings"]]
     if library_exact:
         assert measured == [1, 2]
     else:
         assert measured == [1, 2, 4, 8, 12]
-        assert tune.kernel_rows(tune.entry_timings(entry), 12) == [False] * 3 + [True] * 9
-    assert tune.stops_after_two_losses(tune.Shape("nk", "float32", 24, 40))
+        assert rules.kernel_rows(rules.entry_timings(entry), 12) == [False] * 3 + [True] * 9
+    assert timing.stops_after_two_losses(tune.Shape("nk", "float32", 24, 40))
 
 
 def test_candidates_are_timed_in_blocks_of_their_own_calls():
@@ -142,17 +145,17 @@ def test_candidates_are_timed_in_blocks_of_their_own_calls():
         return call
 
     fns = [candidate("k", 1.0), candidate("g", 2.0)]
-    medians = tune.time_pair(fns, rounds=3, per_block=1, budget_s=1e9, clock=lambda: now[0])
+    medians = timing.time_pair(fns, rounds=3, per_block=1, budget_s=1e9, clock=lambda: now[0])
     assert "".join(calls) == ("kk" + "gg") * 3
     assert medians == [1.0, 2.0]  # the switches' 100 s never counted
     calls.clear()
-    tune.time_pair(fns, rounds=5, per_block=2, budget_s=0.0, clock=lambda: now[0])  # out of time
+    timing.time_pair(fns, rounds=5, per_block=2, budget_s=0.0, clock=lambda: now[0])  # out of time
     assert "".join(calls) == ("kkk" + "ggg") * 2  # stops after the second round
 
 
 def test_ensure_measures_what_is_missing_once_then_reads_the_cache(fresh, monkeypatch):
     calls = []
-    monkeypatch.setattr(tune, "measure", _fake_measure(calls))
+    monkeypatch.setattr(policy, "measure", _fake_measure(calls))
     shapes = [tune.Shape("nk", "float32", 24, 40), tune.Shape("kn", "bfloat16", 30, 64)]
     entries = tune.ensure(shapes, measure_missing=True)
     assert calls == [s.name for s in shapes] and set(entries) == set(calls)
@@ -169,7 +172,7 @@ def test_shapes_alike_in_the_extensions_key_share_one_measurement(fresh, monkeyp
     """The extension keys a choice by form, dtype, K and N: an encoder's fc1 and a fold product of
     its size (other stream sizes) are measured once, and the first holds for both."""
     calls = []
-    monkeypatch.setattr(tune, "measure", _fake_measure(calls))
+    monkeypatch.setattr(policy, "measure", _fake_measure(calls))
     a, b = tune.Shape("nk", "float32", 24, 40, stream_mb=1), tune.Shape("nk", "float32", 24, 40, stream_mb=2)
     entries = tune.ensure([a, b], measure_missing=True)
     assert calls == [a.name] and entries[a.name] is entries[b.name]
@@ -179,7 +182,7 @@ def test_shapes_alike_in_the_extensions_key_share_one_measurement(fresh, monkeyp
 @pytest.mark.parametrize("content,why", [("{not json", "unreadable"), ('{"key": {}, "entries": {}}', "another machine")])
 def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(fresh, monkeypatch, content, why):
     calls = []
-    monkeypatch.setattr(tune, "measure", _fake_measure(calls))
+    monkeypatch.setattr(policy, "measure", _fake_measure(calls))
     path = tune_cache.cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(content)
@@ -191,7 +194,7 @@ def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(fresh, monkeypatch, 
 
 def test_a_malformed_entry_is_dropped_with_a_warning_and_measured_again(fresh, monkeypatch):
     calls = []
-    monkeypatch.setattr(tune, "measure", _fake_measure(calls))
+    monkeypatch.setattr(policy, "measure", _fake_measure(calls))
     good, bad = tune.Shape("nk", "float32", 8, 8), tune.Shape("nk", "float32", 8, 16)
     tune.ensure([good, bad], measure_missing=True)
     path = tune_cache.cache_path()
@@ -212,7 +215,7 @@ def test_remeasure_measures_the_cached_shapes_again(fresh):
     data = json.loads(path.read_text())
     data["entries"][shape.name]["timings"] = {r: [123456.0, 1.0] for r in data["entries"][shape.name]["timings"]}
     path.write_text(json.dumps(data))  # a planted result no real measurement gives
-    assert tune.main(["--shapes", shape.name, "--remeasure"]) == 0
+    assert tune_main(["--shapes", shape.name, "--remeasure"]) == 0
     timings = json.loads(path.read_text())["entries"][shape.name]["timings"]
     assert all(k < 123456.0 for k, _ in timings.values())
 
@@ -231,7 +234,7 @@ def test_two_processes_saving_at_once_keep_both_entries(fresh):
 
 def test_measuring_off_leaves_unmeasured_shapes_at_the_default(fresh, monkeypatch):
     monkeypatch.setenv(tune.ENV, "0")
-    monkeypatch.setattr(tune, "measure", lambda shape: pytest.fail("measured with CONVS2S_TUNE=0"))
+    monkeypatch.setattr(policy, "measure", lambda shape: pytest.fail("measured with CONVS2S_TUNE=0"))
     assert tune.ensure([tune.Shape("nk", "float32", 8, 8)]) == {}
     assert native().few_rows_choices() == []
 
@@ -272,8 +275,8 @@ def test_candidates_read_a_fresh_copy_of_the_weight_each_call(fresh, monkeypatch
         def small_gemm_kn(self, x, w, b):
             seen.append(w.data_ptr())
             return real.small_gemm_kn(x, w, b)
-    monkeypatch.setattr(tune, "native", lambda: Spy())
-    kernel, gemm = tune.candidates(shape, rows=3)
+    monkeypatch.setattr(candidate_calls, "native", lambda: Spy())
+    kernel, gemm = candidate_calls.candidates(shape, rows=3)
     outs = [kernel() for _ in range(8)]
     assert len(set(seen)) == 4 and seen[:4] == seen[4:], "four distinct copies, round and round"
     torch.testing.assert_close(outs[0], gemm(), rtol=1e-4, atol=1e-4)
@@ -312,7 +315,7 @@ def test_the_w8a8_choice_picks_the_packed_kernel_or_its_alternative_per_row_coun
         C.linear_w8a8_kernel(m, K, N + 1, False) for m in range(1, 65)], "no packed weight: the choice does not apply"
     with pytest.raises(RuntimeError, match="w8a8.*int8"):
         C.set_few_rows_choice(2, "float32", K, N, [True] * 64)
-    kernel, other = tune.candidates(tune.Shape("w8a8", "int8", K, N), rows=7)
+    kernel, other = candidate_calls.candidates(tune.Shape("w8a8", "int8", K, N), rows=7)
     assert torch.equal(kernel(), other())
 
 
@@ -337,7 +340,7 @@ def test_7_bit_activations_take_their_own_measured_choice(fresh):
         C.linear_w8a8_kernel(4, K, N, True, 6)
     with pytest.raises(ValueError, match="form w7a8 multiplies int8 weights"):
         tune.Shape("w7a8", "float32", K, N)
-    kernel, other = tune.candidates(tune.Shape("w7a8", "int8", K, N), rows=7)
+    kernel, other = candidate_calls.candidates(tune.Shape("w7a8", "int8", K, N), rows=7)
     assert torch.equal(kernel(), other())
 
 
@@ -434,7 +437,7 @@ def test_the_encoder_asks_for_its_weight_shapes_only_when_translating(fresh, mon
 
 
 def test_an_unwritable_cache_warns_and_keeps_the_choice_for_this_process(fresh, monkeypatch):
-    monkeypatch.setattr(tune, "measure", _fake_measure([]))
+    monkeypatch.setattr(policy, "measure", _fake_measure([]))
     blocker = fresh / "not-a-folder"
     blocker.write_text("")
     monkeypatch.setenv(tune_cache.DIR_ENV, str(blocker / "cache"))  # mkdir under a file fails
@@ -448,14 +451,14 @@ def test_the_environment_report_says_what_is_measured(fresh, monkeypatch):
     from convs2s_kernels.report import kernel_choice_line
 
     assert kernel_choice_line().startswith("kernel choice: nothing measured here yet")
-    monkeypatch.setattr(tune, "measure", _fake_measure([]))
+    monkeypatch.setattr(policy, "measure", _fake_measure([]))
     tune.ensure([tune.Shape("nk", "float32", 8, 8)], measure_missing=True)
     assert kernel_choice_line().startswith("kernel choice: 1 weight shapes measured on this machine")
 
 
 def test_a_new_thread_count_drops_the_choices_in_force(fresh, monkeypatch):
     calls = []
-    monkeypatch.setattr(tune, "measure", _fake_measure(calls))
+    monkeypatch.setattr(policy, "measure", _fake_measure(calls))
     shape = tune.Shape("nk", "float32", 8, 8)
     threads = torch.get_num_threads()
     try:

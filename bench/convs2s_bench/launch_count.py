@@ -11,7 +11,7 @@ Each ATen operation is sorted by what it would cost on CUDA:
 * ``alloc`` — an allocation without a kernel (``empty``...): none inside a step either;
 * ``view`` — metadata only (views, sizes, ``detach``): free, not counted as launches.
 
-Launches are attributed to the step (``generate``'s ``step_hook``) and to the component, the
+Launches are attributed to the step (``Observer.on_step``) and to the component, the
 innermost function of the ``convs2s`` package on the Python stack (e.g. ``step.decode_step``,
 ``generate._beam_search``); Triton launches to their kernel's name.
 

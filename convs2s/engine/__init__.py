@@ -11,6 +11,7 @@ derives from the weights (int8, packed copies, huge pages) and the step programs
 | ``fused`` | the step in one C++ call (``convs2s_kernels.decoder_step``) |
 | ``graph``, ``recorded_search`` | a step recorded once and replayed (CUDA graphs) |
 | ``shapes`` | the weight shapes the kernel choice is measured for |
+| ``variants`` | the compute types :func:`prepare` applies (``VARIANTS``: fp32, bf16, the int8 variants) |
 """
 
 from .prepared import INT8_ACTIVATIONS, PreparedModel, prepare, quantize_decoder_int8, quantize_encoder_int8

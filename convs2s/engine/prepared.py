@@ -20,6 +20,7 @@ from ..special_tokens import PAD
 from . import step as _step
 from .shapes import encoder_weight_shapes
 from .state import DecoderState
+from .variants import VARIANTS
 from .weights import DerivedWeights, conv_int8_sequence, cpp_may_run, is_weight_layer, linear
 
 # the int8 products' activations: int8 or 7-bit rows (linear_w8a8), or float32 (linear_int8)
@@ -145,7 +146,7 @@ class PreparedModel:
 def prepare(model, compute_type: Optional[str] = None) -> PreparedModel:
     """``model``'s preparation for decoding (made once per model object, then the same one), with
     ``compute_type`` applied to it when given: ``fp32``, ``bf16`` or an int8 variant name
-    (:data:`convs2s.compute_type.VARIANTS`; ``bf16`` casts the model's parameters). A
+    (:data:`convs2s.engine.variants.VARIANTS`; ``bf16`` casts the model's parameters). A
     :class:`PreparedModel` is returned as it is."""
     if isinstance(model, PreparedModel):
         prepared = model
@@ -155,8 +156,6 @@ def prepare(model, compute_type: Optional[str] = None) -> PreparedModel:
             prepared = PreparedModel(model)
             model.__dict__[_ATTRIBUTE] = prepared
     if compute_type is not None:
-        from ..compute_type import VARIANTS
-
         if isinstance(compute_type, str) and compute_type not in VARIANTS:
             raise ValueError(f"unknown compute type {compute_type!r}; choose from {', '.join(VARIANTS)}")
         v = VARIANTS[compute_type] if isinstance(compute_type, str) else compute_type

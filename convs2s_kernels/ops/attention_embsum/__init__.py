@@ -4,8 +4,9 @@ Everything of the op is in this folder:
 
 * ``api.py``: the public function and its input checks;
 * ``reference.py``: the plain-PyTorch ground truth (``*_ref``), also the ``reference`` backend;
-* ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/attention_cpu.cpp``);
-* ``triton.py`` / ``triton_kernels.py``: the Triton backend (GPU; CPU under the interpreter).
+* ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/attention_embsum_cpu.cpp``);
+* ``triton.py`` / ``triton_kernels.py``: the Triton backend (GPU; CPU under the interpreter);
+* ``triton_launches.py``: the launches the GPU config check compiles (``python3 -m convs2s_kernels.gpu_check``).
 
 Tests: ``tests/ops/test_attention_embsum.py``; benchmark: ``bench/test_bench_attention_embsum.py``.
 """

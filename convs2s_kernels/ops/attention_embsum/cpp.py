@@ -1,5 +1,5 @@
 """``attention_embsum`` on the cpp backend: batched GEMMs through ATen with the masked softmax and
-the scales fused around them (``csrc/attention_cpu.cpp``), a ``torch.library`` custom op with an
+the scales fused around them (``csrc/attention_embsum_cpu.cpp``), a ``torch.library`` custom op with an
 autograd formula."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Everything of the op is in this folder:
   also the ``reference`` backend (no host read: it serves GPUs as it is);
 * ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/beam_update_cpu.cpp``).
 
-Tests: ``tests/ops/test_beam_update.py``.
+Tests: ``tests/ops/test_beam_update.py``; benchmark: ``bench/test_bench_beam_update.py``.
 """
 
 from ...dispatch import register

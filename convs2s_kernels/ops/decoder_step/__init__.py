@@ -7,7 +7,7 @@ Everything of the op is in this folder:
 * ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/decoder_step_cpu.cpp``);
 * ``layers.py``: :class:`StepLayer` / :class:`StepAttention`, the per-layer weights it takes.
 
-Tests: ``tests/ops/test_decoder_step.py``; benchmark: ``bench/test_bench_generate.py``.
+Tests: ``tests/ops/test_decoder_step.py``; benchmark: ``bench/test_bench_decoder_step.py``.
 """
 
 from ...dispatch import register

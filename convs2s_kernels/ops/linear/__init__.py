@@ -4,7 +4,7 @@ Everything of the op is in this folder:
 
 * ``api.py``: the public function and its input checks;
 * ``reference.py``: the plain-PyTorch ground truth (``*_ref``), also the ``reference`` backend;
-* ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/small_gemm.cpp``);
+* ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/linear_cpu.cpp`` on the few-row kernels of ``csrc/small_gemm.cpp``);
 * no Triton kernel: on GPUs the reference is a cuBLAS GEMM.
 
 Tests: ``tests/ops/test_linear.py``; benchmark: ``bench/test_bench_linear.py``.

@@ -1,4 +1,4 @@
-"""``linear`` on the cpp backend (``csrc/small_gemm.cpp``): fp32 or bf16 rows against a large
+"""``linear`` on the cpp backend (``csrc/linear_cpu.cpp``, on ``csrc/small_gemm.cpp``): fp32 or bf16 rows against a large
 weight. At the row counts where the few-row kernel was measured faster than the GEMM for this
 weight shape (:mod:`convs2s_kernels.tune`) it streams the weight once, from registers; at the
 others the extension calls the GEMM the reference calls, or oneDNN's where that was measured

@@ -4,9 +4,9 @@ Everything of the op is in this folder:
 
 * ``api.py``: the public function and its input checks;
 * ``reference.py``: the plain-PyTorch ground truth (``*_ref``), also the ``reference`` backend;
-* ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/small_gemm.cpp``).
+* ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/linear_int8_cpu.cpp`` on the few-row kernels of ``csrc/small_gemm.cpp``).
 
-Tests: ``tests/ops/test_linear_int8.py``; benchmark: ``bench/test_bench_linear.py``.
+Tests: ``tests/ops/test_linear_int8.py``; benchmark: ``bench/test_bench_linear_int8.py``.
 """
 
 from ...dispatch import register

@@ -1,4 +1,4 @@
-"""``linear_int8`` on the cpp backend (``csrc/small_gemm.cpp``): int8 weight rows widened in
+"""``linear_int8`` on the cpp backend (``csrc/linear_int8_cpu.cpp``, on ``csrc/small_gemm.cpp``): int8 weight rows widened in
 registers, float32 activations and sums; inference only."""
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ Everything of the op is in this folder:
 
 * ``api.py``: the public function and its input checks;
 * ``reference.py``: the plain-PyTorch ground truth (``*_ref``), also the ``reference`` backend;
-* ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/linear_w8a8_cpu.cpp``).
+* ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/linear_w8a8_cpu.cpp``; per instruction set
+  ``csrc/linear_w8a8_avx512.cpp``, ``csrc/linear_w8a8_avx2.cpp``).
 
-Tests: ``tests/ops/test_linear_w8a8.py``; benchmark: ``bench/test_bench_linear.py``.
+Tests: ``tests/ops/test_linear_w8a8.py``; benchmark: ``bench/test_bench_linear_w8a8.py``.
 """
 
 from ...dispatch import register

@@ -1,6 +1,7 @@
 """Facts about the machine the kernels run on: CPU model and flags, the caps on its instruction sets,
 native bf16, math libraries, cache size, allocator; one description of it for every benchmark
-(:func:`machine_description`). The printed report is :mod:`convs2s_kernels.report`."""
+(:func:`machine_description`). The printed report is :mod:`convs2s_kernels.report`, which
+``python3 -m convs2s_kernels.env`` prints too (:mod:`.__main__`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import platform
 import re
 from typing import Dict, List, Optional
 
-from .extension import KERNELS_ISA_ENV
+from ..extension import KERNELS_ISA_ENV
 
 # /proc/cpuinfo flags that decide which kernels are fast, and their usual names
 ISA_FLAGS = {"avx2": "AVX2", "fma": "FMA", "avx512f": "AVX-512", "avx512_vnni": "AVX512-VNNI",
@@ -109,7 +110,7 @@ def machine_description(device=None) -> Dict[str, object]:
     library versions and, on CUDA devices, the GPU."""
     import torch
 
-    from .extension import int8_kernel_isa, small_gemm_isa
+    from ..extension import int8_kernel_isa, small_gemm_isa
 
     info: Dict[str, object] = dict(cpu=cpu_model(), isa=instruction_sets(), isa_caps=isa_caps(),
                                    kernels=dict(few_rows=small_gemm_isa(), int8=int8_kernel_isa()),
@@ -138,9 +139,3 @@ def active_allocator() -> str:
 
 def cpu_model() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine()
-
-
-if __name__ == "__main__":  # the report lives in convs2s_kernels.report; this name is kept for scripts
-    from convs2s_kernels.report import report
-
-    print(report())

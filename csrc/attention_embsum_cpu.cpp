@@ -19,33 +19,32 @@ namespace convs2s {
 
 namespace {
 
-// Valid source steps [lo, hi) of batch row b.
-inline void valid_range(const int64_t* lengths, int64_t b, int64_t S, bool left_pad, int64_t& lo, int64_t& hi) {
-  const int64_t len = lengths ? lengths[b] : S;
-  lo = left_pad ? S - len : 0;
-  hi = left_pad ? S : len;
+// fn(r, lo, hi) for every (b, t) row r of B x T, in parallel: [lo, hi) its sentence's valid source steps.
+template <typename F>
+void for_each_row(const int64_t* lengths, int64_t B, int64_t T, int64_t S, bool left_pad, const F& fn) {
+  at::parallel_for(0, B * T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t len = lengths ? lengths[r / T] : S;
+      fn(r, left_pad ? S - len : 0, left_pad ? S : len);
+    }
+  });
 }
 
 template <typename scalar_t>
 void masked_softmax_scaled(const scalar_t* scores, const int64_t* lengths, int64_t B, int64_t T, int64_t S,
                            bool left_pad, scalar_t* p_scaled) {
   using acc_t = at::opmath_type<scalar_t>;  // float32 for reduced precision, double for double
-  at::parallel_for(0, B * T, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t b = r / T;
-      int64_t lo, hi;
-      valid_range(lengths, b, S, left_pad, lo, hi);
-      const scalar_t* row = scores + r * S;
-      scalar_t* out = p_scaled + r * S;
-      acc_t mx = -std::numeric_limits<acc_t>::infinity();
-      for (int64_t s = lo; s < hi; ++s) mx = std::max(mx, static_cast<acc_t>(row[s]));
-      acc_t sum = 0;
-      for (int64_t s = lo; s < hi; ++s) sum += std::exp(static_cast<acc_t>(row[s]) - mx);
-      const acc_t factor = std::sqrt(static_cast<acc_t>(hi - lo)) / sum;
-      for (int64_t s = 0; s < S; ++s) {
-        out[s] = (s < lo || s >= hi) ? scalar_t(0)
-                                     : static_cast<scalar_t>(std::exp(static_cast<acc_t>(row[s]) - mx) * factor);
-      }
+  for_each_row(lengths, B, T, S, left_pad, [&](int64_t r, int64_t lo, int64_t hi) {
+    const scalar_t* row = scores + r * S;
+    scalar_t* out = p_scaled + r * S;
+    acc_t mx = -std::numeric_limits<acc_t>::infinity();
+    for (int64_t s = lo; s < hi; ++s) mx = std::max(mx, static_cast<acc_t>(row[s]));
+    acc_t sum = 0;
+    for (int64_t s = lo; s < hi; ++s) sum += std::exp(static_cast<acc_t>(row[s]) - mx);
+    const acc_t factor = std::sqrt(static_cast<acc_t>(hi - lo)) / sum;
+    for (int64_t s = 0; s < S; ++s) {
+      out[s] = (s < lo || s >= hi) ? scalar_t(0)
+                                   : static_cast<scalar_t>(std::exp(static_cast<acc_t>(row[s]) - mx) * factor);
     }
   });
 }
@@ -56,25 +55,20 @@ template <typename scalar_t>
 void softmax_scaled_backward(const scalar_t* p_scaled, const scalar_t* dp_scaled, const int64_t* lengths, int64_t B,
                              int64_t T, int64_t S, bool left_pad, scalar_t* dscores) {
   using acc_t = at::opmath_type<scalar_t>;  // float32 for reduced precision, double for double
-  at::parallel_for(0, B * T, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t b = r / T;
-      int64_t lo, hi;
-      valid_range(lengths, b, S, left_pad, lo, hi);
-      const acc_t n = static_cast<acc_t>(hi - lo);
-      const scalar_t* ps = p_scaled + r * S;
-      const scalar_t* dps = dp_scaled + r * S;
-      scalar_t* out = dscores + r * S;
-      acc_t dot = 0;
-      for (int64_t s = lo; s < hi; ++s) dot += static_cast<acc_t>(ps[s]) * static_cast<acc_t>(dps[s]);
-      const acc_t root = std::sqrt(n);
-      for (int64_t s = 0; s < S; ++s) {
-        if (s < lo || s >= hi) {
-          out[s] = scalar_t(0);
-        } else {
-          const acc_t p = static_cast<acc_t>(ps[s]) / root;
-          out[s] = static_cast<scalar_t>(p * (static_cast<acc_t>(dps[s]) * root - dot));
-        }
+  for_each_row(lengths, B, T, S, left_pad, [&](int64_t r, int64_t lo, int64_t hi) {
+    const acc_t n = static_cast<acc_t>(hi - lo);
+    const scalar_t* ps = p_scaled + r * S;
+    const scalar_t* dps = dp_scaled + r * S;
+    scalar_t* out = dscores + r * S;
+    acc_t dot = 0;
+    for (int64_t s = lo; s < hi; ++s) dot += static_cast<acc_t>(ps[s]) * static_cast<acc_t>(dps[s]);
+    const acc_t root = std::sqrt(n);
+    for (int64_t s = 0; s < S; ++s) {
+      if (s < lo || s >= hi) {
+        out[s] = scalar_t(0);
+      } else {
+        const acc_t p = static_cast<acc_t>(ps[s]) / root;
+        out[s] = static_cast<scalar_t>(p * (static_cast<acc_t>(dps[s]) * root - dot));
       }
     }
   });

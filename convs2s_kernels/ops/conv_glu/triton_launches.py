@@ -1,0 +1,29 @@
+"""``conv_glu``'s launches for the GPU check (``python3 -m convs2s_kernels.gpu_check``, see
+:mod:`convs2s_kernels.gpu_check.launches` for the interface): the encoder's call, forward and
+backward, on meta tensors."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .triton_kernels import conv_glu_backward, conv_glu_forward
+
+KERNELS = __package__ + ".triton_kernels"
+# what --ci compiles beyond each launch's first config in bf16 on sm_90, (launch, config index,
+# dtype, target): one fp32 IEEE case on sm_80, so that the FMA path and the A100 are covered too
+SUBSET_EXTRA = (("_conv_glu_fwd_kernel", 0, "fp32-ieee", "sm_80"),)
+
+_meta = functools.partial(torch.empty, device="meta")
+
+
+def calls(dtype) -> None:
+    """The encoder's call (centred, bias, residual, pad mask, scale): every flag on; k = 3,
+    C = 512, 160 sentences x 25 steps."""
+    B, T, C, k = 160, 25, 512, 3
+    x, res, grad = (_meta(B, T, C, dtype=dtype) for _ in range(3))
+    w, b = _meta(k, C, 2 * C, dtype=dtype), _meta(2 * C, dtype=dtype)
+    mask = _meta(B, T, dtype=torch.bool)
+    conv_glu_forward(x, w, b, res, mask, False, 0.5 ** 0.5)
+    conv_glu_backward(grad, x, w, b, mask, False, 0.5 ** 0.5, (True, True, True, True))
