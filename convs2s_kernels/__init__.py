@@ -6,6 +6,8 @@ environment variable can set), one folder each under ``convs2s_kernels/ops/``:
 
 * :func:`conv_glu` — convolution (causal or centred) + GLU + bias + residual + scale;
 * :func:`attention_embsum` — softmax(q z^T) over source positions, values z + e, sqrt(s) scale;
+* :func:`attention_step` — a decoding step of an attention layer folded into the encoder outputs,
+  with the layer's residual (Triton on GPUs; the CPU's one-call :func:`decoder_step` folds it in C++);
 * :func:`conv_step` — one incremental decoding step with beam reorder of the conv state
   (:func:`pack_conv_step_weight` lays the weight out for its cpp kernel once);
 * :func:`linear` — ``x @ weight.T + bias`` for the few rows of a decoding step
@@ -23,7 +25,8 @@ Each has a pure-PyTorch twin ``<op>_ref`` (also in :mod:`convs2s_kernels.referen
 from . import extension  # noqa: F401  (the cpp backend's availability)
 from .dispatch import BackendUnavailableError, available_backends, count_dispatches, requested_backends
 from .dispatch import reasons as backend_reasons
-from .ops import (BeamCandidates, StepAttention, StepLayer, attention_embsum, attention_embsum_ref, beam_candidates,
+from .ops import (BeamCandidates, StepAttention, StepLayer, attention_embsum, attention_embsum_ref, attention_step,
+                  attention_step_ref, beam_candidates,
                   beam_candidates_ref, beam_update, beam_update_ref, FinishedHypotheses, conv_glu, conv_glu_ref,
                   conv_step, conv_step_ref, decoder_step, decoder_step_ref, linear, linear_int8, linear_int8_ref,
                   linear_ref, linear_w8a8, linear_w8a8_ref, pack_conv_step_weight, pack_linear_weight,
@@ -36,9 +39,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
-    "conv_glu", "attention_embsum", "conv_step", "linear", "linear_int8", "linear_w8a8", "decoder_step",
+    "conv_glu", "attention_embsum", "attention_step", "conv_step", "linear", "linear_int8", "linear_w8a8", "decoder_step",
     "beam_candidates", "beam_update",
-    "conv_glu_ref", "attention_embsum_ref", "conv_step_ref", "linear_ref", "linear_int8_ref", "linear_w8a8_ref",
+    "conv_glu_ref", "attention_embsum_ref", "attention_step_ref", "conv_step_ref", "linear_ref", "linear_int8_ref", "linear_w8a8_ref",
     "decoder_step_ref", "beam_candidates_ref", "beam_update_ref",
     "quantize_int8", "quantize_rows_int8", "pack_w8a8_weight", "pack_conv_step_weight", "pack_linear_weight",
     "StepLayer", "StepAttention", "BeamCandidates", "FinishedHypotheses",

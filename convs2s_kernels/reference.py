@@ -6,7 +6,7 @@ clarity over speed and support autograd. Layout is batch-major ``(B, T, C)`` eve
 convolution weights use fairseq's ConvTBC layout ``(k, C_in, 2C)``.
 """
 
-from .ops import (attention_embsum_ref, beam_candidates_ref, beam_update_ref, conv_glu_ref, conv_padding, conv_step_ref, decoder_step_ref,
+from .ops import (attention_embsum_ref, attention_step_ref, beam_candidates_ref, beam_update_ref, conv_glu_ref, conv_padding, conv_step_ref, decoder_step_ref,
                   linear_int8_ref, linear_ref, linear_w8a8_ref, quantize_int8, quantize_rows_int8, search_rules_ref,
                   source_key_mask)
 
@@ -14,6 +14,7 @@ __all__ = [
     "conv_padding",
     "conv_glu_ref",
     "attention_embsum_ref",
+    "attention_step_ref",
     "conv_step_ref",
     "source_key_mask",
     "quantize_int8",

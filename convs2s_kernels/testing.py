@@ -31,6 +31,8 @@ TOLERANCES: Dict[str, Dict[torch.dtype, Tuple[float, float]]] = {
                  torch.bfloat16: (3e-2, 2e-2)},
     "attention_embsum": {torch.float64: (1e-10, 1e-9), torch.float32: (2e-5, 1e-4), torch.float16: (4e-3, 4e-3),
                          torch.bfloat16: (3e-2, 2e-2)},
+    "attention_step": {torch.float64: (1e-10, 1e-9), torch.float32: (2e-5, 1e-4), torch.float16: (4e-3, 4e-3),
+                       torch.bfloat16: (3e-2, 2e-2)},
     "conv_step": {torch.float64: (1e-10, 1e-9), torch.float32: (2e-5, 1e-4), torch.float16: (4e-3, 4e-3),
                   torch.bfloat16: (3e-2, 2e-2)},
     "linear_int8": {torch.float64: (1e-10, 1e-9), torch.float32: (2e-5, 1e-4)},

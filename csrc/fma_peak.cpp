@@ -86,7 +86,7 @@ float run(Isa isa, int64_t iters) {
 int per_round(Isa isa) { return isa == Isa::avx512 ? kChainsFor<20> * 16 : isa == Isa::avx2 ? kChainsFor<16> * 8 : kChainsFor<16> * 4; }
 
 // ---- the int8 dot products' rate: exact int8 x int8 -> int32 multiply-adds on registers ----
-// The instructions linear_w8a8's kernels multiply with, in the same mix (linear_w8a8_cpu.cpp):
+// The instructions linear_w8a8's kernels multiply with, in the same mix (linear_w8a8_avx512.cpp, _avx2.cpp):
 // AVX-512 VNNI's vpdpbusd (64 multiply-adds), or AVX2's vpsignb + vpmaddubsw + vpmaddwd + vpaddd
 // (32; without vpsignb for 7-bit activations). The AVX2 group is bound by the vector instructions
 // issued, not the multiplies, so the 3-instruction 7-bit group runs more multiply-adds a cycle
@@ -112,7 +112,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t dot_vnni(int64_t 
 // Eight groups a round, in assembly: written with intrinsics, every group's product is the same
 // loop-invariant value and the compiler computes it once, leaving the adds alone. 8-bit
 // activations move their sign onto the weight first (vpsignb); 7-bit ones, stored with an offset,
-// go into vpmaddubsw as they are (linear_w8a8_cpu.cpp's avx2_packed7_tile).
+// go into vpmaddubsw as they are (linear_w8a8_avx2.cpp's avx2_packed7_tile).
 #define CONVS2S_DOT_GROUP(acc)                                 \
   "vpsignb %%ymm0, %%ymm1, %%ymm3\n\t"                           \
   "vpmaddubsw %%ymm3, %%ymm0, %%ymm3\n\t"                        \
@@ -212,7 +212,7 @@ double int8_dot_peak_gops(int64_t iters, int64_t activation_bits, int64_t weight
   TORCH_CHECK(weight_bits == 8 || weight_bits == 7, "int8_dot_peak_gops: weight_bits must be 8 or 7, got ", weight_bits);
   const DotLoop loop = dot_loop();
   if (!loop.run) return 0.0;
-  // the kernels pair groups only with 7-bit activations and weights (linear_w8a8_cpu.cpp)
+  // the kernels pair groups only with 7-bit activations and weights (linear_w8a8_avx2.cpp)
   const int mode = activation_bits == 8 ? 0 : weight_bits == 8 ? 1 : 2;
   std::atomic<int64_t> sink{0};  // the results are used, so the loops are not removed
   const double secs = seconds_on_every_thread([&] { sink += loop.run(iters, mode); });

@@ -15,7 +15,7 @@ void glu_span_f32(const float* value, const float* gate, const float* res, float
 
 // out = (value * sigmoid(gate) + residual) * scale, per row of pre = [value | gate]; the rows x c
 // outputs shared among the threads (parallel_row_spans: split by rows alone, a step's 1-16 rows
-// ran on one thread, ~4% of an int8 step at 12 rows), each computed alike wherever its run starts.
+// ran on one thread: bench/results/kernel-decisions.md#glu-row-spans), each computed alike wherever its run starts.
 // float32 through glu_span_f32; other types widened to their math type, one libm exp each.
 template <typename scalar_t>
 void glu_epilogue(const scalar_t* pre, const scalar_t* res, double scale, int64_t rows, int64_t c, scalar_t* out) {

@@ -27,7 +27,7 @@ enum class Form : int64_t { nk = 0, kn = 1, w8a8 = 2, kp = 3, w7a8 = 4 };
 constexpr int64_t kDefaultFewRows = 8;
 
 // True when `rows` rows against this weight should run on the few-row kernels (w8a8, w7a8: the
-// packed int8 kernel, linear_w8a8_cpu.cpp).
+// packed int8 kernel, linear_w8a8_avx2.cpp).
 bool use_few_rows(Form form, at::ScalarType weight_dtype, int64_t K, int64_t N, int64_t rows);
 // The measured choice for `rows` rows against this weight (false past 1..kSmallGemmMaxRows), or
 // nothing where the shape was never measured.

@@ -11,6 +11,10 @@
 #define CONVS2S_X86 1
 #endif
 
+// The inline functions below are compiled into every file that includes this header; setup.py
+// compiles every file with the same flags, so each copy is baseline x86-64 code (per-file -m flags
+// would let the linker keep an AVX-512 copy for every caller).
+
 namespace convs2s {
 namespace w8a8 {
 

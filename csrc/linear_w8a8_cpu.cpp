@@ -51,13 +51,6 @@
 namespace convs2s {
 namespace w8a8 {
 
-// Without a packed weight the packed kernel packs each block per call, which pays from
-// M >= K / 8 rows (and 16 at least): packing costs a pass of K/4 scattered stores per weight row
-// whatever M, the reducing kernel's horizontal sums cost a fixed few instructions per output
-// against its K/64 dot products, so the longer K, the later packing pays
-// (bench/results/kernel-decisions.md#w8a8-packed-pays).
-bool packed_pays(int64_t M, int64_t K) { return M >= 16 && M * 8 >= K; }
-
 // Weight rows [n0, n0 + cols) into buf[k4][c][4], zero past K and past cols, then their column
 // sums: one block of pack_w8a8_weight's layout (convs2s_kernels/ops/linear_w8a8/reference.py).
 void pack_block(const Operands& g, int64_t n0, int64_t cols, int64_t K4, int8_t* buf) {
@@ -87,13 +80,20 @@ using namespace w8a8;
 
 namespace {
 
+// Without a packed weight the packed kernel packs each block per call, which pays from
+// M >= K / 8 rows (and 16 at least): packing costs a pass of K/4 scattered stores per weight row
+// whatever M, the reducing kernel's horizontal sums cost a fixed few instructions per output
+// against its K/64 dot products, so the longer K, the later packing pays
+// (bench/results/kernel-decisions.md#w8a8-packed-pays).
+bool packed_pays(int64_t M, int64_t K) { return M >= 16 && M * 8 >= K; }
+
 // Quantise row m: sx = max|x| / qmax (1 for a row of zeros), xq = round-half-even(x / sx) in
 // [-qmax, qmax] (qmax 127, or 63 for 7-bit activations), as quantize_rows_int8 in the reference.
 // The rounding adds and subtracts 1.5 * 2^23, which rounds to nearest-even for |v| <= 127.5 in
 // any vector width (std::nearbyint is a library call here).
 // Written for vectors of V (AVX-512, AVX2 or baseline): compiled for the baseline alone, the max
-// stayed a scalar chain (a float max reduction is not vectorised without -ffast-math) and the
-// division 4 lanes wide, ~6% of an int8 decoding step at 12 rows. The max is exact in any order;
+// stays a scalar chain (a float max reduction is not vectorised without -ffast-math) and the
+// division 4 lanes wide (bench/results/kernel-decisions.md#w8a8-quantize-vectors). The max is exact in any order;
 // NaNs are skipped, as by the scalar loop (a comparison with NaN is false). u (the kernels'
 // unsigned copy) may be null.
 template <typename V>
@@ -181,7 +181,7 @@ void w8a8_base(const Operands& g, int64_t rows, int64_t n0, int64_t n1) {
 // torch._int_mm (oneDNN) multiplies int8 by int8 into int32, rearranging the weight on every call.
 // Without VNNI oneDNN multiplies with vpmaddubsw, whose int16 pairs saturate, and its sums are not
 // exact; so it is used only where a probe with saturating values comes out exact (once per
-// process), and the kernels above run elsewhere.
+// process), and the kernels run elsewhere.
 //
 // Which kernel runs is measured per weight shape where the caller passes the packed weight
 // (kernel_choice.h, forms w8a8 and w7a8; convs2s_kernels.tune) at up to kSmallGemmMaxRows rows:

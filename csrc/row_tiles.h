@@ -1,4 +1,4 @@
-// Register tiles of a compile-time row count for the CPU kernels (small_gemm.cpp, linear_w8a8_cpu.cpp).
+// Register tiles of a compile-time row count for the CPU kernels (small_gemm.cpp, linear_w8a8_*.cpp).
 #pragma once
 
 // Calls TILE<M> for the rows of one tile (1..MAX), M a compile-time constant.

@@ -1,4 +1,5 @@
-// Few-row float32 matrix products for decoding (see small_gemm.cpp).
+// Few-row matrix products for decoding: the kernels (small_gemm.cpp) and the linear and
+// linear_int8 products on them (linear_cpu.cpp, linear_int8_cpu.cpp).
 #pragma once
 
 #include <torch/extension.h>

@@ -1,4 +1,4 @@
-// GCC/Clang vector types for the CPU kernels (small_gemm.cpp, linear_w8a8_cpu.cpp): float vectors
+// GCC/Clang vector types for the CPU kernels (small_gemm.cpp, linear_w8a8_*.cpp): float vectors
 // of 4, 8 and 16 lanes and, per vector type, the integer vectors of as many lanes that widen or
 // narrow into it. Functions templated on them are compiled per instruction set with target
 // attributes and must be inlined into those (CONVS2S_INLINE).

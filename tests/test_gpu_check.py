@@ -199,13 +199,14 @@ def test_runtime_report_needs_the_same_triton(monkeypatch):
 
 
 def _autotuners():
+    import importlib
+
     from triton.runtime.autotuner import Autotuner
 
-    from convs2s_kernels.ops.attention_embsum import triton_kernels as attention
-    from convs2s_kernels.ops.conv_glu import triton_kernels as conv_glu
-    from convs2s_kernels.ops.conv_step import triton_kernels as conv_step
+    from convs2s_kernels.ops import TRITON_OPS
 
-    for module, mod in (("conv_glu", conv_glu), ("attention_embsum", attention), ("conv_step", conv_step)):
+    for module in TRITON_OPS:
+        mod = importlib.import_module(f"convs2s_kernels.ops.{module}.triton_kernels")
         for name, obj in vars(mod).items():
             if isinstance(obj, Autotuner):
                 yield f"{module}/{name}", obj
@@ -213,7 +214,7 @@ def _autotuners():
 
 def test_every_autotuner_prunes_by_the_report():
     tuners = dict(_autotuners())
-    assert len(tuners) == 9
+    assert len(tuners) == 10
     for name, tuner in tuners.items():
         prune = tuner.early_config_prune
         assert prune is not None, name
@@ -328,6 +329,6 @@ def test_autotune_keys_are_bucketed_so_a_new_length_does_not_tune_again():
             if isinstance(node, ast.Call) and ast.unparse(node.func) == "triton.autotune":
                 key = next(k.value for k in node.keywords if k.arg == "key")
                 keys.append((path.parent.name, ast.literal_eval(key)))
-    assert len(keys) == 9, keys
+    assert len(keys) == 10, keys
     varying = {"S", "T", "M", "N", "K", "B"}
     assert not [k for k in keys if varying & set(k[1])], keys

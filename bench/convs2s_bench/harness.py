@@ -100,6 +100,16 @@ def record(benchmark, *, flops: float, bytes_moved: float, peaks: dict = None, d
                                       gemm_gflops=peaks.get(f"gemm_gflops_{dtype_name}"), copy_gbps=copy))
 
 
+def copies_to_stream(nbytes: int, device: torch.device) -> int:
+    """How many copies of ``nbytes`` of weights fill eight times the last-level cache (at least two;
+    at most 1 GB past 2x, server L3s reach 0.5 GB); one in the smoke run or off the CPU."""
+    from convs2s_kernels.env import last_level_cache_bytes
+
+    llc = last_level_cache_bytes()
+    span = max(2 * llc, min(8 * llc, 1 << 30))
+    return 1 if SMOKE or device.type != "cpu" else max(2, -(-span // max(nbytes, 1)))
+
+
 def rotating(tensor: torch.Tensor, device: torch.device):
     """Copies of ``tensor`` filling eight times the last-level cache, and a function returning the
     next one at each call: a bandwidth benchmark then streams its weight from memory every round, as
@@ -107,12 +117,7 @@ def rotating(tensor: torch.Tensor, device: torch.device):
     Zen 5's L3 kept enough of a 20 MB int8 weight cycled through 2-4x its 32 MB that the weight's
     packed products read 1.01-1.10x the memory's measured bandwidth; at 8x at most 0.96x. Past 2x
     the copies take at most 1 GB."""
-    from convs2s_kernels.env import last_level_cache_bytes
-
-    nbytes = tensor.numel() * tensor.element_size()
-    llc = last_level_cache_bytes()
-    span = max(2 * llc, min(8 * llc, 1 << 30))  # at most 1 GB past 2x (server L3s reach 0.5 GB)
-    count = 1 if SMOKE or device.type != "cpu" else max(2, -(-span // max(nbytes, 1)))
+    count = copies_to_stream(tensor.numel() * tensor.element_size(), device)
     copies = [tensor] + [tensor.clone() for _ in range(count - 1)]
     state = {"i": 0}
 

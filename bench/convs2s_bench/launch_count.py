@@ -123,6 +123,20 @@ def _triton_launches(counts: Counts) -> Iterator[None]:
             c.run = original
 
 
+@contextmanager
+def _unpoisoned() -> Iterator[None]:
+    """The kernels' output buffers as decoding allocates them (``torch.empty``), not NaN-filled as
+    the tests ask (``CONVS2S_KERNELS_POISON``): a fill would count as a kernel the GPU never runs."""
+    from convs2s_kernels.triton_common.config import POISON_ENV
+
+    before = os.environ.pop(POISON_ENV, None)
+    try:
+        yield
+    finally:
+        if before is not None:
+            os.environ[POISON_ENV] = before
+
+
 def count_generation(model, sources: List[List[int]], *, beam: int, steps: int, fold_attention: bool = True,
                      backend: str = "triton,reference") -> Counts:
     """The launches of an eager ``generate`` of ``sources`` forced to ``steps`` output tokens, per step."""
@@ -135,7 +149,7 @@ def count_generation(model, sources: List[List[int]], *, beam: int, steps: int, 
 
     model.use_backend(backend)
     try:
-        with _triton_launches(counts), _Seen(counts):
+        with _unpoisoned(), _triton_launches(counts), _Seen(counts):
             hooks = convs2s.Observer(forced_length=[steps] * len(sources), on_step=hook, cuda_graph=False)
             convs2s.generate(model, sources, beam=beam, batch_size=len(sources), max_len_b=steps + 2,
                              fold_attention=fold_attention, observer=hooks)

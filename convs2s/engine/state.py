@@ -12,9 +12,15 @@ import convs2s_kernels as ck
 from convs2s_kernels.dispatch import BoundCalls
 
 from ..encoder import EncoderOut
-from ..layers import SQRT_HALF
 from ..special_tokens import PAD
 from .weights import DerivedWeights, cpp_may_run
+
+
+def _or_reference(backend: Optional[str]) -> Optional[str]:
+    """``backend`` for an op the cpp backend lacks (``attention_step``): the named backends, then the
+    reference (the same tensor operations the step ran before the op existed)."""
+    choices = ck.requested_backends(backend)
+    return backend if "auto" in choices or "reference" in choices else ",".join(choices + ["reference"])
 
 
 class FoldedAttention:
@@ -27,6 +33,7 @@ class FoldedAttention:
 
     def __init__(self, inp: DerivedWeights, out: DerivedWeights, enc: EncoderOut, backend: Optional[str] = None):
         # inp, out: the layer's projections W_in (E, C) and W_out (C, E), with their derived copies
+        self.backend = _or_reference(backend)
         self.z_bias = torch.matmul(enc.z, inp.bias)  # (B, S)
         self.b_out = out.bias
         keys, values = inp.fold_int8(transposed=True), out.fold_int8()
@@ -50,15 +57,15 @@ class FoldedAttention:
     def index_select(self, index: torch.Tensor) -> None:
         self.z_in, self.z_bias, self.y_out = (t.index_select(0, index) for t in (self.z_in, self.z_bias, self.y_out))
 
-    def step(self, h: torch.Tensor, emb_scores: torch.Tensor, enc: EncoderOut, need_attn: bool):
-        """``h (B, beam, C)``, ``emb_scores = g . z (B, beam, S)`` -> ``(out (B, beam, C), attn or None)``."""
-        scores = (torch.baddbmm(emb_scores + self.z_bias.unsqueeze(1), h, self.z_in.transpose(1, 2))) * SQRT_HALF
-        acc = torch.promote_types(scores.dtype, torch.float32)
-        scores = scores.to(acc).masked_fill(enc.pad_mask.unsqueeze(1), float("-inf"))
-        attn = torch.softmax(scores, dim=-1).to(h.dtype)
-        scale = enc.src_lengths.to(h.dtype).sqrt().view(-1, 1, 1)
-        out = (torch.bmm(attn * scale, self.y_out) + self.b_out + h) * SQRT_HALF
-        return out, (attn if need_attn else None)
+    def step(self, h: torch.Tensor, emb_scores: torch.Tensor, enc: EncoderOut, need_attn: bool,
+             residual: Optional[torch.Tensor] = None, calls: Optional[BoundCalls] = None, key=None):
+        """``h (B, beam, C)``, ``emb_scores = g . z (B, beam, S)``, the layer's ``residual (B, beam, C)``
+        or None -> ``(out (B, beam, C), attn or None)``: one ``attention_step`` (one kernel on a GPU),
+        through ``calls`` (checked at its first call with ``key``) where given."""
+        args = (h, emb_scores, self.z_bias, self.z_in, self.y_out, self.b_out, enc.src_lengths, residual)
+        if calls is None or torch.is_grad_enabled():
+            return ck.attention_step(*args, need_attn=need_attn, backend=self.backend)
+        return calls(ck.attention_step, key, h.device, *args, need_attn=need_attn, backend=self.backend)
 
 
 @dataclass

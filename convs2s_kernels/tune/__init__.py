@@ -5,7 +5,7 @@ The candidates (:mod:`.candidate_calls`): for float and int8-weight products, th
 streaming kernels (``csrc/small_gemm.cpp``; form ``kp``: on the weight packed by
 ``pack_conv_step_weight`` / ``pack_linear_weight``) against the GEMM; for int8 weights times int8
 activations (form ``w8a8``) or 7-bit ones (form ``w7a8``, timed apart), the packed int8 kernel
-(``csrc/linear_w8a8_cpu.cpp``) against the library's int8 GEMM where its sums are exact, else
+(``csrc/linear_w8a8_avx512.cpp``, ``csrc/linear_w8a8_avx2.cpp``) against the library's int8 GEMM where its sums are exact, else
 the reducing int8 kernel. For float32 weights "the GEMM" is itself a measured choice
 (``csrc/library_gemm.cpp``): ATen's (what the reference composition calls) or oneDNN's inner
 product, timed against each other first; where oneDNN's wins, the kernels are timed against

@@ -1,4 +1,5 @@
-"""``linear_w8a8`` on the cpp backend (``csrc/linear_w8a8_cpu.cpp``): AMX-INT8 tiles (on a packed
+"""``linear_w8a8`` on the cpp backend (``csrc/linear_w8a8_cpu.cpp``; kernels per
+instruction set in ``linear_w8a8_avx512.cpp`` and ``linear_w8a8_avx2.cpp``): AMX-INT8 tiles (on a packed
 weight), AVX-512 VNNI, AVX2 or plain integer dot products (``convs2s_kernels.extension.int8_kernel_isa()``
 says which); inference only."""
 
