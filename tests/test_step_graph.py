@@ -10,8 +10,11 @@ end runs the real CUDA graphs.
 
 import sys
 
+from collections import Counter
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import convs2s
 import convs2s.engine.step as step_module
@@ -20,6 +23,8 @@ import convs2s_kernels as ck
 from convs2s_kernels.internal import trusted_indices
 from convs2s.engine.graph import OpRecorder, StepGraph, StepGraphError, recorder_factory
 from harness import require_or_skip
+
+aten = torch.ops.aten
 from test_host_reads import HostReads
 from convs2s.engine import prepare, quantize_decoder_int8
 
@@ -165,6 +170,37 @@ def test_recorded_steps_give_the_same_nbest_lists(model, replays, beam, fold_att
     # 21 steps, the first eager; done sentences leave once they are half the batch: 5 -> 2 -> 1
     # sentences, each a new recording after one eager step
     assert replays["captures"] == 3 and replays["replays"] >= 21 - 1 - 2 * 3
+
+
+class _Calls(TorchDispatchMode):
+    """How many times each ATen operation ran (replays of a recording included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("fold_attention", [False, True], ids=["plain", "folded"])
+def test_a_recorded_decoding_does_each_steps_work_once(model, replays, fold_attention):
+    """Issue 50's "no work done twice": the warm-up, the recording and the replays together run
+    each layer's step operations once a step, as eager decoding does, also across the batch's
+    re-recordings when sentences leave."""
+    per_layer = {aten.baddbmm.default if fold_attention else aten.bmm.default}  # each attention layer's scores
+    ran = {}
+    for mode in (False, "record-ops"):
+        steps = []
+        with _Calls() as calls:
+            hooks = convs2s.Observer(forced_length=FORCED, on_step=steps.append, cuda_graph=mode)
+            convs2s.generate(model, SOURCES, beam=3, max_len_b=22, fold_attention=fold_attention, observer=hooks)
+        ran[mode] = (sum(calls.counts[f] for f in per_layer), len(steps))
+    assert replays["captures"] == 3
+    assert ran["record-ops"] == ran[False], ran
+    layers = sum(a is not None for a in model.decoder.attention)
+    assert ran[False][0] >= layers * max(FORCED), ran  # every step ran them (plus the encoder's, if any)
 
 
 def test_recorded_int8_and_shortlist_steps_give_the_same_nbest_lists(model, replays):

@@ -112,3 +112,16 @@ def test_bad_inputs_are_named_in_one_line(change, match):
     inputs = dict(step_inputs(2, 3, 5, 6, torch.float32), **change)
     with pytest.raises((ValueError, TypeError), match=match):
         ck.attention_step(**inputs, backend="reference")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("B,beam,S,C", [(128, 5, 25, 512), (1, 5, 25, 1024), (4, 5, 205, 2048)])
+@torch.no_grad()
+def test_attention_step_paper_shapes_on_gpu(B, beam, S, C, dtype):
+    """Table 3's batch, one sentence, and the longest newstest source at the widest layer, on CUDA."""
+    inputs = {k: (v.cuda() if v is not None else v) for k, v in step_inputs(B, beam, S, C, dtype).items()}
+    out, attn = ck.attention_step(**inputs, need_attn=True, backend="triton")
+    want_out, want_attn = reference64(inputs, need_attn=True)
+    assert_close("attention_step", out, want_out)
+    assert_close("attention_step", attn, want_attn, what="attention probabilities")
