@@ -41,7 +41,8 @@ KERNEL_MODULES: Dict[str, Tuple[str, ...]] = {
     "conv_glu": ("ops/conv_glu/triton_kernels.py", "triton_common/glu.py", "triton_common/config.py"),
     "attention_embsum": ("ops/attention_embsum/triton_kernels.py", "triton_common/config.py"),
     "conv_step": ("ops/conv_step/triton_kernels.py", "triton_common/glu.py", "triton_common/config.py"),
-    "attention_step": ("ops/attention_step/triton_kernels.py", "triton_common/config.py"),
+    "attention_step": ("ops/attention_step/triton_kernels.py", "ops/attention_embsum/triton_kernels.py",
+                       "triton_common/config.py"),
 }
 
 

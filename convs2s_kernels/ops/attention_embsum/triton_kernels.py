@@ -87,6 +87,17 @@ def _scores(q_ptr, z_ptr, b, ts, ss, T, S, E, sq_b, sq_t, sq_e, sz_b, sz_s, sz_e
 
 
 @triton.jit
+def _softmax_tile(sc, valid, m_i, l_i):
+    """One source tile of an online softmax (its scores ``sc``, padding where not ``valid``) ->
+    ``(p, alpha, m, l)``: ``exp(sc - m)``, the factor earlier sums scale by, the running max and sum."""
+    sc = tl.where(valid[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(sc - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
 def _probabilities(q_ptr, z_ptr, len_ptr, lse_ptr, b, ts, ss, T, S, E,
                    sq_b, sq_t, sq_e, sz_b, sz_s, sz_e, LEFT_PAD: tl.constexpr,
                    ACC: tl.constexpr, PRECISION: tl.constexpr,
@@ -130,16 +141,11 @@ def _attention_fwd_kernel(
         valid = (ss >= lo) & (ss < hi)
         sc = _scores(q_ptr, z_ptr, b, ts, ss, T, S, E, sq_b, sq_t, sq_e, sz_b, sz_s, sz_e,
                      ACC, PRECISION, BLOCK_T, BLOCK_S, BLOCK_D)
-        sc = tl.where(valid[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = _softmax_tile(sc, valid, m_i, l_i)
         yv = tl.load(y_ptr + b * sy_b + ss[:, None] * sy_s + es[None, :] * sy_e,
                      mask=valid[:, None] & e_ok[None, :], other=0.0)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(yv.dtype), yv, acc, input_precision=PRECISION, out_dtype=ACC)
-        m_i = m_new
     ctx = acc / l_i[:, None] * tl.sqrt(length.to(ACC))
     tl.store(out_ptr + b * so_b + ts[:, None] * so_t + es[None, :] * so_e, ctx.to(out_ptr.dtype.element_ty),
              mask=t_ok[:, None] & e_ok[None, :])

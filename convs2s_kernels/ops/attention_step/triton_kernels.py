@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ...triton_common.config import acc_type, bucket, configs, dot_precision, new_empty
 from ...triton_common.fits import prune_by_report
+from ..attention_embsum.triton_kernels import _scores, _softmax_tile, _valid_source_range  # the attention's tiles
 
 _CONFIGS = configs(
     gpu=[
@@ -39,19 +40,11 @@ def _step_scores(h_ptr, z_ptr, emb_ptr, zb_ptr, b, rs, ss, R, S, C,
                  ACC: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
     """``sqrt(1/2) (h[b, rs] . z_in[b, ss] + emb[b, rs, ss] + z_bias[b, ss])``."""
-    r_ok = rs < R
+    acc = _scores(h_ptr, z_ptr, b, rs, ss, R, S, C, sh_b, sh_r, sh_c, sz_b, sz_s, sz_c,
+                  ACC, PRECISION, BLOCK_R, BLOCK_S, BLOCK_K)
     s_ok = ss < S
-    acc = tl.zeros((BLOCK_R, BLOCK_S), dtype=ACC)
-    for k0 in range(0, C, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < C
-        hk = tl.load(h_ptr + b * sh_b + rs[:, None] * sh_r + ks[None, :] * sh_c,
-                     mask=r_ok[:, None] & k_ok[None, :], other=0.0)
-        zk = tl.load(z_ptr + b * sz_b + ks[:, None] * sz_c + ss[None, :] * sz_s,
-                     mask=k_ok[:, None] & s_ok[None, :], other=0.0)
-        acc = tl.dot(hk, zk, acc, input_precision=PRECISION, out_dtype=ACC)
     emb = tl.load(emb_ptr + b * se_b + rs[:, None] * se_r + ss[None, :] * se_s,
-                  mask=r_ok[:, None] & s_ok[None, :], other=0.0).to(ACC)
+                  mask=(rs < R)[:, None] & s_ok[None, :], other=0.0).to(ACC)
     zb = tl.load(zb_ptr + b * sb_b + ss * sb_s, mask=s_ok, other=0.0).to(ACC)
     return (acc + emb + zb[None, :]) * SQRT_HALF
 
@@ -73,12 +66,7 @@ def _attention_step_kernel(
     cs = (pid_c * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
     r_ok = rs < R
     c_ok = cs < C
-    length = tl.load(len_ptr + b).to(tl.int64)
-    if LEFT_PAD:
-        lo = S - length
-    else:
-        lo = length - length
-    hi = lo + length
+    lo, hi, length = _valid_source_range(len_ptr, b, S, LEFT_PAD)
     m_i = tl.full((BLOCK_R,), float("-inf"), dtype=ACC)
     l_i = tl.zeros((BLOCK_R,), dtype=ACC)
     acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=ACC)
@@ -89,15 +77,10 @@ def _attention_step_kernel(
         sc = _step_scores(h_ptr, z_ptr, emb_ptr, zb_ptr, b, rs, ss, R, S, C,
                           sh_b, sh_r, sh_c, sz_b, sz_s, sz_c, se_b, se_r, se_s, sb_b, sb_s,
                           ACC, PRECISION, BLOCK_R, BLOCK_S, BLOCK_K)
-        sc = tl.where(valid[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = _softmax_tile(sc, valid, m_i, l_i)
         yv = tl.load(y_ptr + b * sy_b + ss[:, None] * sy_s + cs[None, :] * sy_c,
                      mask=valid[:, None] & c_ok[None, :], other=0.0)
         acc = tl.dot(p.to(yv.dtype), yv, acc * alpha[:, None], input_precision=PRECISION, out_dtype=ACC)
-        m_i = m_new
     ok = r_ok[:, None] & c_ok[None, :]
     hv = tl.load(h_ptr + b * sh_b + rs[:, None] * sh_r + cs[None, :] * sh_c, mask=ok, other=0.0).to(ACC)
     bo = tl.load(bo_ptr + cs, mask=c_ok, other=0.0).to(ACC)
