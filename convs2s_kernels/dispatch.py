@@ -225,13 +225,16 @@ class BoundCalls:
     """Calls of public ops whose inputs repeat in kind (a decoding loop's, step after step): the
     first call of each ``(op, backend, key)`` goes through the public function (its checks, its
     dispatch), later ones straight to the implementation chosen then (:func:`bind`). ``key`` names
-    what makes calls alike for the caller (e.g. the batch's rows); a new key is checked again."""
+    what makes calls alike for the caller (e.g. the batch's rows); a new key is checked again.
+    Under autocast every call goes through the public function, whose casts a bound call would skip."""
 
     def __init__(self):
         self._bound: Dict[tuple, Callable] = {}
 
     def __call__(self, public_fn: Callable, key, device: torch.device, *args, backend: Optional[str] = None,
                  **kwargs):
+        if torch.is_autocast_enabled(device.type):  # the public function casts the inputs: never bound
+            return public_fn(*args, backend=backend, **kwargs)
         op = public_fn.__name__
         fn = self._bound.get((op, backend, key))
         if fn is not None:

@@ -155,3 +155,8 @@ def test_bound_calls_check_each_key_once_then_call_the_bound_implementation(monk
     assert sum(counts.values()) == 5 and all(op == "linear" for op, _ in counts)
     with pytest.raises(ValueError, match="weight expects 8 input features"):
         calls(linear, 6, w.device, torch.randn(6, 9), w, b, backend="cpp,reference")  # a new key is checked
+    checked.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the public function's casts: every call through it
+        for _ in range(2):
+            calls(linear, 3, w.device, torch.randn(3, 8), w, b, backend="reference")
+    assert checked == [3, 3]

@@ -63,8 +63,7 @@ class FoldedAttention:
         or None -> ``(out (B, beam, C), attn or None)``: one ``attention_step`` (one kernel on a GPU),
         through ``calls`` (checked at its first call with ``key``) where given."""
         args = (h, emb_scores, self.z_bias, self.z_in, self.y_out, self.b_out, enc.src_lengths, residual)
-        # bound calls skip the op's autocast casts and checks: only for plain inference
-        if calls is None or torch.is_grad_enabled() or torch.is_autocast_enabled(h.device.type):
+        if calls is None:
             return ck.attention_step(*args, need_attn=need_attn, backend=self.backend)
         return calls(ck.attention_step, key, h.device, *args, need_attn=need_attn, backend=self.backend)
 

@@ -122,7 +122,6 @@ def _layers_step(prepared: "PreparedModel", x, target_embedding, emb_scores, sta
     ):
         residual = residual_input(residuals, proj, r, prepared.linear)
         x = F.dropout(x, decoder.dropout, decoder.training)
-        summed = False  # whether the residual is in x already (the folded attention step adds it)
         x, window = conv_step(d(conv), x, state.conv_states[i], parents, backend)
         if state.static:
             state.conv_states[i].copy_(window)  # the buffer a recorded step reads next time
@@ -134,14 +133,14 @@ def _layers_step(prepared: "PreparedModel", x, target_embedding, emb_scores, sta
             if state.folded is not None:
                 res = None if residual is None else residual.reshape(B, beam, -1)
                 out, attn = state.folded[i].step(h, emb_scores, enc, need_attn, res, state.calls, (i, N, need_attn))
-                summed = True
+                residual = None  # the folded attention step added it
             else:
                 out, attn = attention(h, target_embedding.view(B, beam, -1), enc, need_attn, backend)
             x = out.reshape(N, -1)
             if attn is not None:
                 attn = attn.reshape(N, -1) / num_layers
                 avg_attn = attn if avg_attn is None else avg_attn + attn
-        if residual is not None and not summed:
+        if residual is not None:
             x = (x + residual) * SQRT_HALF
         residuals.append(x)
     return x, avg_attn
