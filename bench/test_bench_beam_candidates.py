@@ -15,7 +15,7 @@ SHAPES = shapes(paper=[(b, 5, v) for v in (8000, 40000) for b in (1, 3, 32)], sm
 
 
 @pytest.mark.parametrize("shape", [pytest.param(s, id=f"B{s[0]}_beam{s[1]}_V{s[2]}") for s in SHAPES])
-@pytest.mark.parametrize("backend", ["reference", "cpp"])  # on GPUs the reference: a few large tensor ops
+@pytest.mark.parametrize("backend", ["reference", "cpp", "triton"])
 def test_beam_candidates(benchmark, runnable, peaks, device, backend, shape):
     B, beam, V = shape
     N = B * beam

@@ -25,7 +25,7 @@ def _search(B, k, device):
 
 
 @pytest.mark.parametrize("shape", [pytest.param(s, id=f"B{s[0]}_beam{s[1]}") for s in SHAPES])
-@pytest.mark.parametrize("backend", ["reference", "cpp"])  # on GPUs the reference: a few tensor ops
+@pytest.mark.parametrize("backend", ["reference", "cpp", "triton"])
 def test_beam_update(benchmark, peaks, device, backend, shape):
     B, k = shape
     cands, tokens, scores = _search(B, k, device)

@@ -1,8 +1,8 @@
 """Every Triton config checked for the GPU, ahead of time, on a CPU.
 
 ``python3 -m convs2s_kernels.gpu_check`` compiles each launch of the package's Triton kernels
-(``conv_glu``, ``attention_embsum``, ``conv_step``: forward and backward) for every autotune
-config, every dtype the kernels take (bf16, fp16, fp32 with IEEE and with TF32 products) and the
+(those of :data:`~convs2s_kernels.ops.TRITON_OPS`, forward and backward where they have one) for
+every autotune config, every dtype the kernels take (bf16, fp16, fp32 with IEEE and with TF32 products) and the
 targets sm_80 (A100) and sm_90 (H100) with ``triton.compile`` and a ``GPUTarget``: no GPU or
 driver needed. For each it reads the shared memory (``metadata.shared``), the registers and stack
 (``cuobjdump --dump-resource-usage`` on the cubin, the wheel ships it), the spill stores and loads

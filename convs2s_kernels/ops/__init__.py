@@ -16,7 +16,7 @@ from .linear_int8 import linear_int8, linear_int8_ref, quantize_int8
 from .linear_w8a8 import linear_w8a8, linear_w8a8_ref, pack_w8a8_weight, quantize_rows_int8
 
 # the ops with a Triton backend (their folders hold triton.py)
-TRITON_OPS = ("conv_glu", "attention_embsum", "conv_step", "attention_step")
+TRITON_OPS = ("conv_glu", "attention_embsum", "conv_step", "attention_step", "beam_candidates", "beam_update")
 
 __all__ = [
     "conv_glu", "attention_embsum", "attention_step", "conv_step", "linear", "linear_int8", "linear_w8a8", "decoder_step",

@@ -43,6 +43,8 @@ KERNEL_MODULES: Dict[str, Tuple[str, ...]] = {
     "conv_step": ("ops/conv_step/triton_kernels.py", "triton_common/glu.py", "triton_common/config.py"),
     "attention_step": ("ops/attention_step/triton_kernels.py", "ops/attention_embsum/triton_kernels.py",
                        "triton_common/config.py"),
+    "beam_candidates": ("ops/beam_candidates/triton_kernels.py", "triton_common/config.py"),
+    "beam_update": ("ops/beam_update/triton_kernels.py", "triton_common/config.py"),
 }
 
 

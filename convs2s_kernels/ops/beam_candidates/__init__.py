@@ -7,7 +7,9 @@ Everything of the op is in this folder:
 * ``reference.py``: the plain-PyTorch ground truth (``*_ref``, the search as fairseq writes it),
   also the ``reference`` backend;
 * ``cpp.py``: the cpp backend's glue and capability record (kernel: ``csrc/beam_candidates_cpu.cpp``);
-* no Triton kernel: on GPUs the reference's few large tensor ops run without a host round trip.
+* ``triton.py`` / ``triton_kernels.py``: the Triton backend (GPU; CPU under the interpreter): a
+  program per row (log-softmax, rules, the row's best ``2 * beam``) and one per sentence (the merge);
+* ``triton_launches.py``: the launches the GPU config check compiles (``python3 -m convs2s_kernels.gpu_check``).
 
 Tests: ``tests/ops/test_beam_candidates.py``; benchmark: ``bench/test_bench_beam_candidates.py``.
 """

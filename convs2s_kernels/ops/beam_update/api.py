@@ -28,8 +28,9 @@ def _check_buffers(cands, step, tokens, scores, ignore, sent_ids, finished, attn
     check_tensor("ignore", ignore, 2, floating=False)
     B, k = ignore.shape
     check_shape("cands.scores", cands.scores, (B, None), "(B, C)")
-    if cands.scores.shape[1] < k:
-        raise ValueError(f"cands has {cands.scores.shape[1]} candidates per sentence, fewer than the beam ({k})")
+    if not k <= cands.scores.shape[1] <= 2 * k:
+        raise ValueError(f"cands has {cands.scores.shape[1]} candidates per sentence; a beam of {k} takes "
+                         f"{k} to {2 * k}")
     C = cands.scores.shape[1]
     for name in ("tokens", "beams", "eos_mask"):
         check_shape(f"cands.{name}", getattr(cands, name), (B, C), "(B, C), like cands.scores")
@@ -71,7 +72,8 @@ def beam_update(cands: BeamCandidates, step: Step, tokens: torch.Tensor, scores:
                 backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Record the finished hypotheses among ``cands`` and advance every beam (in place on the
     search's buffers); returns ``(parents (N,), next ignore (B, beam))``. See
-    :func:`convs2s_kernels.beam_update_ref` for the arguments."""
+    :func:`convs2s_kernels.beam_update_ref` for the arguments; ``sent_ids`` name distinct sentences
+    (the Triton backend updates each sentence's slots from its own program)."""
     _check_buffers(cands, step, tokens, scores, ignore, sent_ids, finished, attn)
     if is_device_step(step) and not (isinstance(at_max_len, torch.Tensor) and at_max_len.dtype == torch.bool
                                      and at_max_len.numel() == 1):
