@@ -38,14 +38,15 @@ def conv_glu_rows(e: int) -> List[Row]:
         w = k * C * 2 * C
         fwd_bytes = e * (M * C + w + 2 * C + M * C + M * C)  # x, W, bias, residual, out
         rows.append((f"conv_glu fwd   M {M} C {C} k {k}", gemm, fwd_bytes))
+        rows.append((f"conv_glu fwd (training: saves pre) M {M} C {C} k {k}", gemm, fwd_bytes + e * M * 2 * C))
         bwd_bytes = e * (
-            (M * C + w + M * C + M * 2 * C)  # dpre: read x, W, dout; write dpre
+            (M * 2 * C + M * C + M * 2 * C)  # GLU backward: read pre, dout; write dpre
             + (M * 2 * C + w + M * C)  # dx: read dpre, W; write dx
             + (M * C + M * 2 * C)  # dW: read x, dpre
             + 2 * M * C  # dresidual = dout * scale
             + w  # dW in the input dtype
         ) + 4 * 2 * DW_SPLITS * w  # fp32 partials written and summed
-        rows.append((f"conv_glu bwd   M {M} C {C} k {k}", 3 * gemm, bwd_bytes))
+        rows.append((f"conv_glu bwd   M {M} C {C} k {k}", 2 * gemm, bwd_bytes))  # dx and dW
     return rows
 
 

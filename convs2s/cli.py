@@ -134,12 +134,19 @@ def _load_for_translation(args):
     return model, src_dict, tgt_dict
 
 
+def _given(**options) -> dict:
+    """The options the command line set (None: the library's default)."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
 def _gen_kwargs(args):
     from .generate import Observer
 
     return dict(beam=args.beam, nbest=args.nbest, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
                 min_len=args.min_len, lenpen=args.lenpen, unkpen=args.unkpen, batch_size=args.batch_size,
-                fold_attention=args.fold_attention, observer=Observer(cuda_graph=False if args.no_cuda_graph else None))
+                fold_attention=args.fold_attention,
+                observer=Observer(cuda_graph=False if args.no_cuda_graph else None,
+                                  **_given(steps_per_graph=args.steps_per_graph)))
 
 
 def _run_translation(args, consume) -> int:
@@ -354,6 +361,8 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                    help="precompute the attention projections per sentence (same output, faster steps)")
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="on CUDA, run every decoding step eagerly instead of replaying it as a CUDA graph")
+    p.add_argument("--steps-per-graph", type=_positive_int, default=None,
+                   help="decoding steps one CUDA graph holds (default: convs2s.generate.STEPS_PER_GRAPH, 4)")
     p.add_argument("--shortlist", metavar="FILE",
                    help="vocabulary selection: score only the target words FILE lists for the batch's source "
                         "words ('src tgt1 tgt2 ...' per line) plus the --shortlist-top most frequent")
@@ -400,6 +409,8 @@ def _add_speed_table_parser(bsub) -> None:
     st.add_argument("--device", default="cpu")
     st.add_argument("--no-cuda-graph", action="store_true",
                     help="on CUDA, decode every step eagerly instead of replaying it as a CUDA graph")
+    st.add_argument("--steps-per-graph", type=_positive_int, default=None,
+                    help="decoding steps one CUDA graph holds (default: convs2s.generate.STEPS_PER_GRAPH, 4)")
     st.add_argument("--dtype", type=_name_list, default=None,
                     help="auto (fp32 or bf16, whichever was measured faster here for this model), "
                          "fp32, bf16, int8 (int8 decoder weights and activations), int8w (int8 decoder weights, "

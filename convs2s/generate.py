@@ -128,6 +128,12 @@ class SearchOptions:
         return min(int(self.max_len_a * src_len + self.max_len_b), model.decoder.max_positions - 1)
 
 
+# Steps one recording holds: the host's per-replay work (a launch, the mailbox) spread over four
+# steps. The price: a batch decodes a few steps after its last sentence is done (up to 2 x 4 - 1
+# on a GPU, whose news of it comes a call late), never past max_len.
+STEPS_PER_GRAPH = 4
+
+
 @dataclass
 class Observer:
     """What a benchmark or a test asks of a search besides its translations.
@@ -138,12 +144,21 @@ class Observer:
     ``search_backend`` is the backend request of the search's ops (``beam_candidates``,
     ``beam_update``; None: the model's); ``cuda_graph`` (:func:`convs2s.engine.graph.recorder_factory`):
     None records every step after a batch's first as a CUDA graph on CUDA and replays it, False
-    decodes eagerly, ``"record-ops"`` holds the step to a graph's contract on any device."""
+    decodes eagerly, ``"record-ops"`` holds the step to a graph's contract on any device;
+    ``steps_per_graph``: how many steps one recording holds (one graph launch, and one look at
+    which sentences are done, per that many steps: :mod:`convs2s.engine.recorded_search`)."""
 
     forced_length: Optional[Sequence[int]] = None
     on_step: Optional[Callable[[int], None]] = None
     search_backend: Optional[str] = None
     cuda_graph: object = None
+    steps_per_graph: int = STEPS_PER_GRAPH
+
+    def check(self) -> "Observer":
+        if isinstance(self.steps_per_graph, bool) or not isinstance(self.steps_per_graph, int) \
+                or self.steps_per_graph < 1:
+            raise GenerationError(f"steps_per_graph must be an int >= 1, got {self.steps_per_graph!r}")
+        return self
 
 
 def search_options(options: Optional[SearchOptions] = None, **fields) -> SearchOptions:
@@ -173,7 +188,7 @@ def generate(model, sources: Sequence[Sequence[int]], options: Optional[SearchOp
     incl. EOS) and ``alignment`` (argmax source position per target token).
     """
     options = search_options(options, **fields).check()
-    observer = observer or Observer()
+    observer = (observer or Observer()).check()
     if observer.search_backend is not None:
         ck.requested_backends(observer.search_backend)  # validates the names
     prepared = prepare(model)
@@ -223,21 +238,25 @@ def _beam_search(prepared: PreparedModel, src: torch.Tensor, options: SearchOpti
     step_hook = observer.on_step
     if step_hook is not None:
         step_hook(-1)
+    step = 0
     with trusted_indices():
-        for step in range(search.max_len + 1):
+        while True:
             if search.recorder is not None and step > 0:
-                search.recorded_step(step)
+                ran = search.recorded_step(step)
             else:
                 search.update(step, search.candidates(step, search.logits(step)))
+                ran = 1
             done_rows = search.done_rows()
-            if search.all_done() or step >= search.max_len:
-                if step_hook is not None:
-                    step_hook(step)
-                break
-            search.leave(done_rows)
+            last = step + ran - 1
+            over = search.all_done() or last >= search.max_len
+            if not over:
+                search.leave(done_rows)
             if step_hook is not None:
-                step_hook(step)
-    return search.results()
+                for s in range(step, last + 1):
+                    step_hook(s)
+            if over:
+                return search.results()
+            step = last + 1
 
 
 class _Mailbox:
@@ -307,6 +326,7 @@ class _BeamSearch:
         self.backend = observer.search_backend if observer.search_backend is not None else model.backend
         self.ops = BoundCalls()
         self.recorder = recorder_factory(observer.cuda_graph, device)
+        self.steps_per_graph = observer.steps_per_graph
         self.recorded: Optional[RecordedSearchStep] = None  # steps 1+ recorded for these rows and buffers
         self.leaving: List[int] = []  # batch rows of done sentences still in the buffers
 
@@ -340,14 +360,15 @@ class _BeamSearch:
         self.state.reorder(parents)
         self.mailbox.post(self.finished.done)
 
-    def recorded_step(self, step: int) -> None:
-        """A whole step after the first, recorded (:class:`convs2s.engine.recorded_search.RecordedSearchStep`:
-        the decoder's step and the search's two ops, the step counted on the device) and replayed;
-        post which sentences are done."""
+    def recorded_step(self, step: int) -> int:
+        """Whole steps after the first, recorded (:class:`convs2s.engine.recorded_search.RecordedSearchStep`:
+        the decoder's step and the search's two ops, the step counted on the device) and replayed,
+        ``steps_per_graph`` a replay; post which sentences are done. Returns how many steps ran."""
         if self.recorded is None or not self.recorded.valid(self):
-            self.recorded = RecordedSearchStep(self, step)
-        self.recorded(step)
+            self.recorded = RecordedSearchStep(self, step, self.steps_per_graph)
+        ran = self.recorded(step)
         self.mailbox.post(self.finished.done)
+        return ran
 
     def done_rows(self) -> List[int]:
         """The batch rows of sentences the host has just learnt are done (from the mailbox)."""
@@ -478,10 +499,11 @@ def _greedy_batch(prepared: PreparedModel, src: torch.Tensor, options: SearchOpt
 
 def warmup(model, *, max_source_length: int, beam: int = 5, fold_attention: bool = False,
            observer: Optional[Observer] = None, **generate_options) -> List[int]:
-    """Tune, compile and record what decoding will call before anything is timed: a three-step
-    :func:`convs2s.generate` per autotune bucket and Triton specialisation of source lengths up
-    to ``max_source_length`` (EOS included) and of rows (:func:`convs2s_kernels.warmup`), where
-    Triton runs (CUDA, or a backend naming it); elsewhere one sentence of that length. Returns the
+    """Tune, compile and record what decoding will call before anything is timed: a
+    :func:`convs2s.generate` of a few steps (the first, a recording's warm-up, one recording) per
+    autotune bucket and Triton specialisation of source lengths up to ``max_source_length`` (EOS
+    included) and of rows (:func:`convs2s_kernels.warmup`), where Triton runs (CUDA, or a backend
+    naming it); elsewhere one sentence of that length. Returns the
     source lengths run. ``generate_options`` (search options such as ``shortlist``) and
     ``observer`` (its ``cuda_graph`` and ``search_backend``) go to every call."""
     prepared = prepare(model)
@@ -493,14 +515,15 @@ def warmup(model, *, max_source_length: int, beam: int = 5, fold_attention: bool
     if observer is not None and (observer.forced_length is not None or observer.on_step is not None):
         fixed.add("the observer's forced_length and on_step")
     if fixed:
-        raise ValueError(f"warmup decodes three steps per sentence itself; drop {', '.join(sorted(fixed))}")
+        raise ValueError(f"warmup decodes a few steps per sentence itself; drop {', '.join(sorted(fixed))}")
     word = min(NUM_SPECIALS, model.src_vocab_size - 1)  # any ordinary source word
     device = next(model.parameters()).device
+    steps_per_graph = (observer or Observer()).check().steps_per_graph
 
     def run(S: int, sentences: int) -> None:
-        # three steps: the first (eager), a recorded step's warm-up, its recording
-        generate(prepared, [[word] * (S - 1)] * sentences, beam=beam, max_len_b=2, fold_attention=fold_attention,
-                 observer=observer, **generate_options)
+        # the first step (eager), a recorded step's warm-up, then one recording's steps
+        generate(prepared, [[word] * (S - 1)] * sentences, beam=beam, max_len_b=1 + steps_per_graph,
+                 fold_attention=fold_attention, observer=observer, **generate_options)
 
     if device.type != "cuda" and "triton" not in (model.backend or ""):
         run(max_source_length, 1)  # nothing to tune but the cpp kernel choice, made at the first step

@@ -126,6 +126,20 @@ def test_parse_ptxas_log():
     assert gpu_check.parse_ptxas_log(clean)["spill_stores"] == 0
 
 
+SASS_SAMPLE = """
+        /*0a70*/                   WARPGROUP.ARRIVE ;
+        /*0a80*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24, gsb0 ;
+        /*0b10*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+"""
+
+
+def test_tensor_core_instructions_are_read_from_the_sass():
+    assert gpu_check.tensor_core_ops(SASS_SAMPLE) == "HGMMA"  # the most capable family found
+    assert gpu_check.tensor_core_ops(SASS_SAMPLE.replace("HGMMA", "FFMA")) == "HMMA"
+    assert gpu_check.tensor_core_ops("        /*0010*/  FFMA R1, R2, R3, R1 ;\n") == "-"
+    assert gpu_check.tensor_core_ops("  /*0010*/  IMMA.16832.S8.S8 R0, R4, R8, R0 ;") == "IMMA"
+
+
 def test_try_spec_parsing():
     launch, cfg = gpu_check.parse_try("attention_embsum/_bmm_kernel[dq]:BLOCK_M=64,BLOCK_N=32,num_warps=8")
     assert launch == "attention_embsum/_bmm_kernel[dq]"
@@ -283,6 +297,28 @@ def test_committed_report_is_current_and_leaves_every_kernel_a_config():
         if not row_violations(r):
             assert r["shared"] <= SHARED_LIMITS[r["target"]] and r["spill_stores"] + r["spill_loads"] == 0
             assert r["compile_s"] <= MAX_COMPILE_S
+
+
+# Decoding kernels whose products have a handful of rows (a sentence's beams): too few for a
+# 64-row warp group, so mma.sync is what they should use on Hopper too.
+FEW_ROW_KERNELS = {"attention_step/_attention_step_kernel"}
+
+
+def test_committed_report_says_which_products_use_tensor_cores():
+    """Read from each compile's SASS: IEEE fp32 never runs on tensor cores (TF32 would round its
+    inputs); every kernel with tensor-core products has a kept bf16 config using Hopper's
+    warp-group MMA on sm_90 (what the training kernels need to beat cuDNN there) and mma.sync on
+    sm_80, where warp-group MMA does not exist."""
+    rows = json.loads(fits.REPORT_PATH.read_text())["rows"]
+    assert all(r["mma"] in ("HGMMA", "HMMA", "-") for r in rows)
+    assert not [r for r in rows if r["dtype"] == "fp32-ieee" and r["mma"] != "-"]
+    assert not [r for r in rows if r["target"] == "sm_80" and r["mma"] == "HGMMA"]
+    kept = [r for r in rows if not row_violations(r) and r["dtype"] == "bf16"]
+    on_tensor_cores = {r["kernel"] for r in kept if r["mma"] != "-"}
+    assert {"conv_glu/_conv_glu_fwd_kernel", "conv_glu/_conv_glu_bwd_dx_kernel", "conv_glu/_conv_glu_bwd_dw_kernel",
+            "attention_embsum/_attention_fwd_kernel"} <= on_tensor_cores
+    for kernel in sorted(on_tensor_cores - FEW_ROW_KERNELS):
+        assert any(r["kernel"] == kernel and r["target"] == "sm_90" and r["mma"] == "HGMMA" for r in kept), kernel
 
 
 def test_committed_report_prunes_fp32_ieee_to_the_small_tiles_on_an_a100():

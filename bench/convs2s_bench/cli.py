@@ -74,7 +74,8 @@ def speed_table(args) -> int:
         spm=args.spm, mode=mode, sentences=args.sentences, beams=args.beams, backends=args.backends,
         device=args.device, dtypes=args.dtype, decoders=args.decoders, repeats=args.repeats,
         batch_size=args.batch_size, vocab=args.vocab, seed=args.seed, cuda_graph=not args.no_cuda_graph,
-        remeasure=args.remeasure)
+        remeasure=args.remeasure,
+        **({} if args.steps_per_graph is None else {"steps_per_graph": args.steps_per_graph}))
     save = (lambda partial: write_json(partial, args.json)) if args.json else None  # progress survives a kill
     result = _reported_as(SpeedTableError, lambda: run(request, progress=args.progress or sys.stderr.isatty(),
                                                        on_update=save, log=_log))

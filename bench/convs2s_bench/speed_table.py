@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from convs2s.atomic import atomic_write_text
-from convs2s.generate import Observer, warmup
+from convs2s.generate import STEPS_PER_GRAPH, Observer, warmup
 from convs2s.errors import Convs2sError
 
 from .estimate import (Batch, BatchTiming, TRUNCATED_LENGTH, estimate, full_set_batches, sample_batches,
@@ -50,6 +50,7 @@ class Workload:
     forced: Optional[List[int]]       # forced output lengths (random weights), None with a checkpoint
     batch_size: int
     cuda_graph: bool = True           # decoding steps as CUDA graphs on CUDA (generate's default)
+    steps_per_graph: int = STEPS_PER_GRAPH  # steps one graph holds
 
     def __post_init__(self):
         # the batches the full run makes (generate's own batching), once
@@ -83,7 +84,9 @@ def time_batch(model, work: Workload, batch: Batch, beam: int, config: Config, *
     run_forced = None if forced is None else [min(f, cut) if cut else f for f in forced]
     _sync(device)
     t0 = time.perf_counter()
-    hooks = Observer(forced_length=run_forced, on_step=hook, cuda_graph=None if work.cuda_graph else False)
+    # a step timed alone must be a graph of its own (with several a replay, their hooks come together)
+    hooks = Observer(forced_length=run_forced, on_step=hook, cuda_graph=None if work.cuda_graph else False,
+                     steps_per_graph=1 if per_step else work.steps_per_graph)
     hyps = generate(model, sources, beam=beam, batch_size=len(sources), max_len_a=1.2 if forced else 0.0,
                     max_len_b=10 if forced else 200, fold_attention=config.decoder == "folded", observer=hooks)
     _sync(device)
@@ -161,7 +164,8 @@ def _warm_up(models: Models, work: Workload, batches, configs, beams) -> None:
         for beam in beams:
             warmup(model, max_source_length=min(longest, min(model.max_positions())), beam=beam,
                    fold_attention=config.decoder == "folded",
-                   observer=Observer(cuda_graph=None if work.cuda_graph else False))
+                   observer=Observer(cuda_graph=None if work.cuda_graph else False,
+                                     steps_per_graph=work.steps_per_graph))
             for j in ends:
                 time_batch(model, work, batches[j], beam, config, cut=1)
 
@@ -301,6 +305,7 @@ class SpeedTableRequest:
     vocab: int = 40000
     seed: int = 1
     cuda_graph: bool = True
+    steps_per_graph: int = STEPS_PER_GRAPH
     remeasure: bool = False  # measure the auto dtype again instead of reading it from the cache
 
     def configs(self) -> Tuple[torch.device, List[Config]]:
@@ -367,7 +372,8 @@ def make_workload(request: SpeedTableRequest, model, src_dict, tokenizer, log) -
     if len(keep) < len(ids):
         log(f"skipping {len(ids) - len(keep)} empty or over-long sentences")
     ids, order = [ids[i] for i in keep], [order[i] for i in keep]
-    work = Workload(ids, None if request.checkpoint else forced_lengths(ids), request.batch_size, request.cuda_graph)
+    work = Workload(ids, None if request.checkpoint else forced_lengths(ids), request.batch_size, request.cuda_graph,
+                    request.steps_per_graph)
     return work, order, n_total
 
 
@@ -407,6 +413,9 @@ def _setup(request: SpeedTableRequest, model, arch_name: str, work: Workload, n_
                 forced_length=None if checkpoint else "round(1.1 x source length)",
                 vocab=None if checkpoint else request.vocab, seed=request.seed,
                 cuda_graph=request.cuda_graph and request.device.startswith("cuda"),
+                # the estimate times steps one by one: one a graph
+                steps_per_graph=(1 if request.mode == "estimate" else request.steps_per_graph)
+                if request.cuda_graph and request.device.startswith("cuda") else None,
                 measured=time.strftime("%Y-%m-%d", time.gmtime()))
 
 
@@ -555,7 +564,8 @@ def _header(result: dict) -> List[str]:
         + "".join(f", {k} {machine[k]}" for k in ("mkl", "onednn") if machine.get(k))
         + ("; bf16 native (" + machine["native_bf16"] + ")" if machine.get("native_bf16") else "; bf16 not native")
         + (f"; {machine['gpu']}" if machine.get("gpu") else "")
-        + ({True: "; decoding steps replayed as CUDA graphs", False: "; decoding steps eager (--no-cuda-graph)"}
+        + ({True: f"; decoding steps replayed as CUDA graphs, {setup.get('steps_per_graph') or 1} a graph",
+            False: "; decoding steps eager (--no-cuda-graph)"}
            .get(setup.get("cuda_graph")) if machine.get("gpu") else "") + ".",
         "Peaks measured in this run: GEMM " + ", ".join(
             f"{k[len('gemm_gflops_'):]} {v:.0f} GFLOP/s" for k, v in machine.items() if k.startswith("gemm_gflops_"))

@@ -160,12 +160,14 @@ class StepGraph:
 
     ``fn`` reads only fixed buffers and returns fixed tensors: the caller writes the next step's
     inputs into them before each call and reads the outputs before the next. A call that raises
-    does not count: the next one warms up or records again.
+    does not count: the next one warms up or records again. ``warmed``: the operations ``fn`` runs
+    have already run eagerly on these buffers (another step function's warm-up), so the first call
+    records.
     """
 
-    def __init__(self, fn: Callable, recorder, device: torch.device):
+    def __init__(self, fn: Callable, recorder, device: torch.device, warmed: bool = False):
         self.fn, self.recorder, self.device = fn, recorder, device
-        self.calls = 0
+        self.calls = 1 if warmed else 0  # warmed: what fn runs has run eagerly already (no warm-up call)
 
     def __call__(self):
         if self.calls == 0:

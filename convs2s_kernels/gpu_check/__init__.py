@@ -6,7 +6,9 @@ every autotune config, every dtype the kernels take (bf16, fp16, fp32 with IEEE 
 targets sm_80 (A100) and sm_90 (H100) with ``triton.compile`` and a ``GPUTarget``: no GPU or
 driver needed. For each it reads the shared memory (``metadata.shared``), the registers and stack
 (``cuobjdump --dump-resource-usage`` on the cubin, the wheel ships it), the spill stores and loads
-(ptxas ``-v``) and the compile time (CPU seconds, ptxas included), prints a table and applies the
+(ptxas ``-v``), the tensor-core instructions in its SASS (``cuobjdump -sass``: ``HGMMA``, Hopper's
+warp-group MMA, ``HMMA``, the warp-level mma.sync, or none) and the compile time (CPU seconds,
+ptxas included), prints a table and applies the
 rule of :mod:`convs2s_kernels.triton_common.fits` (shared memory within the target, no spills,
 compile <= 20 s): it exits 1 when a config breaks it.
 
@@ -40,7 +42,7 @@ is the command.
 
 from .cli import ci, main
 from .compile import (HARD_TIMEOUT_S, bind, compile_job, nvidia_tool, parse_ptxas_log, parse_resource_usage,
-                      resources, run_jobs, tools_missing)
+                      resources, run_jobs, tensor_core_ops, tools_missing)
 from .jobs import DTYPES, SUBSET_DTYPE, SUBSET_TARGET, TARGETS, Job, build_jobs, parse_try, subset_jobs, try_jobs
 from .launches import Launch, collect_launches, config_name, recipe
 from .report import (STALE_MESSAGE, dump_report, format_table, row_key, stale_modules, summarize, unusable,
@@ -48,7 +50,7 @@ from .report import (STALE_MESSAGE, dump_report, format_table, row_key, stale_mo
 
 __all__ = [
     "ci", "main", "HARD_TIMEOUT_S", "bind", "compile_job", "nvidia_tool", "parse_ptxas_log", "parse_resource_usage",
-    "resources", "run_jobs", "tools_missing", "DTYPES", "SUBSET_DTYPE", "SUBSET_TARGET", "TARGETS", "Job",
+    "resources", "run_jobs", "tensor_core_ops", "tools_missing", "DTYPES", "SUBSET_DTYPE", "SUBSET_TARGET", "TARGETS", "Job",
     "build_jobs", "parse_try", "subset_jobs", "try_jobs", "Launch", "collect_launches", "config_name", "recipe",
     "STALE_MESSAGE", "dump_report", "format_table", "row_key", "stale_modules", "summarize", "unusable",
     "write_report",

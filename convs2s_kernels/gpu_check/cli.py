@@ -61,7 +61,7 @@ def ci(report_path: Path, n_jobs: int, modules: Sequence[str]) -> int:
             status = 1
         elif ref is not None:
             diff = [f"{k} {row.get(k)} (report: {ref.get(k)})"
-                    for k in ("shared", "registers", "spill_stores", "spill_loads") if row.get(k) != ref.get(k)]
+                    for k in ("shared", "registers", "spill_stores", "spill_loads", "mma") if row.get(k) != ref.get(k)]
             if diff:
                 print(f"{' '.join(row_key(row))}: differs from the report: {', '.join(diff)}; {STALE_MESSAGE}")
                 status = 1

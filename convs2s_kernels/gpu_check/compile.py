@@ -1,6 +1,7 @@
 """Compiling one job for a GPU target on the CPU and reading what it needs: shared memory
 (``metadata.shared``), registers and stack (``cuobjdump --dump-resource-usage``), spills (ptxas
-``-v``) and CPU seconds; the CUDA tools the Triton wheel ships; the pool of compile processes."""
+``-v``), the tensor-core instructions its SASS holds (``cuobjdump -sass``) and CPU seconds; the
+CUDA tools the Triton wheel ships; the pool of compile processes."""
 
 from __future__ import annotations
 
@@ -50,6 +51,19 @@ def parse_ptxas_log(text: str) -> Optional[Dict[str, int]]:
     if r:
         out["registers"] = int(r.group(1))
     return out
+
+
+# Tensor-core instructions in SASS, most capable first: warp-group MMA (Hopper's wgmma: HGMMA for
+# 16-bit inputs and TF32, IGMMA int8, QGMMA fp8), then the warp-level mma.sync (HMMA, IMMA).
+_MMA_FAMILIES = ("HGMMA", "IGMMA", "QGMMA", "HMMA", "IMMA")
+_MMA_RE = re.compile(r"\b(" + "|".join(_MMA_FAMILIES) + r")\.")
+
+
+def tensor_core_ops(sass: str) -> str:
+    """The most capable tensor-core instruction family in ``cuobjdump -sass`` output, or ``"-"``
+    (no tensor cores: the products run on FMA units)."""
+    found = set(_MMA_RE.findall(sass))
+    return next((f for f in _MMA_FAMILIES if f in found), "-")
 
 
 def nvidia_tool(name: str) -> Optional[str]:
@@ -155,17 +169,19 @@ def compile_job(job: Job) -> Dict[str, Any]:
 
 
 def resources(kernel, ptxas_log: str) -> Dict[str, int]:
-    """Shared memory (``metadata.shared``), registers and stack (cuobjdump) and spills (ptxas -v)
-    of a compiled kernel."""
+    """Shared memory (``metadata.shared``), registers and stack (cuobjdump), spills (ptxas -v)
+    and tensor-core instructions (``mma``: :func:`tensor_core_ops`) of a compiled kernel."""
     row = dict(shared=int(kernel.metadata.shared))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
         dump = subprocess.run([nvidia_tool("cuobjdump"), "--dump-resource-usage", str(cubin)],
                               capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([nvidia_tool("cuobjdump"), "-sass", str(cubin)],
+                              capture_output=True, text=True, check=True).stdout
     usage = parse_resource_usage(dump).get(kernel.metadata.name) or next(iter(parse_resource_usage(dump).values()))
     ptxas = parse_ptxas_log(ptxas_log)
-    row.update(registers=usage["registers"], stack=usage["stack"])
+    row.update(registers=usage["registers"], stack=usage["stack"], mma=tensor_core_ops(sass))
     if ptxas is not None:
         row.update(spill_stores=ptxas["spill_stores"], spill_loads=ptxas["spill_loads"])
     else:  # no ptxas log: a stack frame in a Triton kernel means spilled registers

@@ -41,19 +41,20 @@ def unusable(rows: List[Dict[str, Any]]) -> List[str]:
 
 
 def format_table(rows: List[Dict[str, Any]]) -> str:
-    head = ("kernel", "config", "dtype", "target", "regs", "stack", "spills st/ld", "shared", "compile s", "status")
+    head = ("kernel", "config", "dtype", "target", "regs", "stack", "spills st/ld", "shared", "mma", "compile s",
+            "status")
     lines = []
     for r in rows:
         name = r["kernel"].split("/", 1)[1] + (f"[{r['site']}]" if r.get("site") else "")
         why = row_violations(r)
         status = "ok" if not why else "pruned: " + "; ".join(why)
         if r.get("error"):
-            cells = (name, r["config"], r["dtype"], r["target"], "-", "-", "-", "-",
+            cells = (name, r["config"], r["dtype"], r["target"], "-", "-", "-", "-", "-",
                      f"{r.get('compile_s', 0):.1f}", status)
         else:
             cells = (name, r["config"], r["dtype"], r["target"], str(r.get("registers", "-")),
                      str(r.get("stack", "-")), f"{r['spill_stores']}/{r['spill_loads']}",
-                     f"{r['shared'] / 1024:.0f} KB", f"{r['compile_s']:.1f}", status)
+                     f"{r['shared'] / 1024:.0f} KB", r.get("mma", "?"), f"{r['compile_s']:.1f}", status)
         lines.append(cells)
     widths = [max(len(str(c)) for c in col) for col in zip(head, *lines)] if lines else [len(h) for h in head]
     fmt = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
@@ -99,7 +100,9 @@ def write_report(path: Path, rows: List[Dict[str, Any]], modules: Sequence[str],
         about=("Every Triton config of convs2s_kernels compiled for sm_80 and sm_90 on a CPU by "
                "`python3 -m convs2s_kernels.gpu_check --write-report`; the autotuners prune at run "
                "time by these rows (convs2s_kernels/triton_common/fits.py). compile_s is CPU seconds "
-               "(ptxas included), wall_s the wall time with the other jobs running beside it."),
+               "(ptxas included), wall_s the wall time with the other jobs running beside it; mma the "
+               "tensor-core instructions in the SASS (HGMMA: Hopper's warp-group MMA, HMMA: mma.sync, "
+               "-: none)."),
         triton=triton_version(),
         limits=dict(SHARED_LIMITS),
         max_compile_s=MAX_COMPILE_S,

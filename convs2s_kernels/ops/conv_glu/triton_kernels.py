@@ -6,10 +6,13 @@ in memory). Every program keeps two fp32 accumulators side by side, value column
 columns ``C + n``, so bias, GLU, residual and scale happen in registers and only ``C`` outputs
 are written. Encoder padding is folded into the loads (padded input steps read as zeros).
 
-Backward (no activations saved beyond the inputs):
+Training saves the pre-activations ``pre (M, 2C)`` (value and gate, bias included) from the
+forward's registers, as autograd saves a convolution's output for GLU: recomputing them in the
+backward cost a third GEMM there (the Triton backward lost to cuDNN's two, 0.70-0.96x on an
+H100: ``shared/notes/gpu_h100.md``). Backward:
 
-* ``_conv_glu_bwd_dpre_kernel`` recomputes both halves and writes the pre-activation gradient
-  ``dpre (M, 2C)`` plus per-row-tile partial sums of it for the bias gradient;
+* ``_conv_glu_bwd_glu_kernel``, elementwise: the pre-activation gradient ``dpre (M, 2C)`` from
+  ``pre`` and the output gradient, plus per-row-tile partial sums of it for the bias gradient;
 * ``_conv_glu_bwd_dx_kernel``: ``dx[t'] = sum_j dpre[t' + left - j] @ W[j]^T`` (a GEMM with the
   taps as shifted loads again), zero at padded steps;
 * ``_conv_glu_bwd_dw_kernel``: ``dW[j] = x_j^T @ dpre`` with the rows split into chunks whose
@@ -39,8 +42,8 @@ def _tiles(*entries):
 # target, no spills, compile <= 20 s) for some dtype on sm_80 and sm_90; the autotuners drop, per
 # device and dtype, those its report (convs2s_kernels/gpu_check_report.json) says break the rule
 # there (fp32 with IEEE products, an FMA loop, keeps only the small-K tiles on an A100).
-# The forward and dpre kernels hold two accumulators (value and gate): half the tile of a GEMM.
-# Dropped: 128x64x32 w4 s4 and 128x128x32 w8 s3 spilled (dpre everywhere, forward on sm_80),
+# The forward holds two accumulators (value and gate): half the tile of a GEMM. Dropped (when the
+# backward recomputed them in a kernel of the same shape): 128x64x32 w4 s4 and 128x128x32 w8 s3 spilled,
 # 64x128x64 w4 s3 needed 240 KB on sm_90 with TF32 and compiled in 21 s in fp32 IEEE
 _GLU_CONFIGS = configs(
     gpu=_tiles((128, 64, 32, 8, 4), (64, 64, 32, 4, 4), (32, 64, 64, 4, 4), (64, 32, 16, 4, 3), (32, 32, 32, 4, 3)),
@@ -52,8 +55,14 @@ _GEMM_CONFIGS = configs(
     gpu=_tiles((128, 64, 32, 4, 4), (64, 64, 32, 4, 4), (128, 128, 32, 8, 3), (32, 64, 32, 4, 4), (64, 64, 16, 4, 3)),
     interpreter=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
 )
-# the dpre kernel writes one partial bias row per row tile: its smallest BLOCK_M bounds their number
-_MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in _GLU_CONFIGS)
+# The GLU backward is elementwise (no reduction loop): wide row tiles, 16-byte loads along channels.
+_ELEMENTWISE_CONFIGS = configs(
+    gpu=[dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=1), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
+         dict(BLOCK_M=16, BLOCK_N=256, num_warps=4, num_stages=1)],
+    interpreter=dict(BLOCK_M=64, BLOCK_N=64),
+)
+# the GLU backward writes one partial bias row per row tile: its smallest BLOCK_M bounds their number
+_MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in _ELEMENTWISE_CONFIGS)
 
 
 @triton.jit
@@ -91,11 +100,11 @@ def _preactivations(x_ptr, w_ptr, bias_ptr, mask_ptr, rows, cols, M, T, C_in, C,
                  prune_configs_by=prune_by_report("conv_glu/_conv_glu_fwd_kernel"))
 @triton.jit
 def _conv_glu_fwd_kernel(
-    x_ptr, w_ptr, bias_ptr, res_ptr, mask_ptr, out_ptr,
+    x_ptr, w_ptr, bias_ptr, res_ptr, mask_ptr, out_ptr, pre_ptr,
     M, T, C_in, C, scale,
     sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sr_b, sr_t, sr_c, sm_b, sm_t, so_b, so_t, so_c,
     K_W: tl.constexpr, PAD_LEFT: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, HAS_MASK: tl.constexpr, SAVE_PRE: tl.constexpr,
     ACC: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -105,35 +114,39 @@ def _conv_glu_fwd_kernel(
                            sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t,
                            K_W, PAD_LEFT, HAS_BIAS, HAS_MASK, ACC, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     col_ok = cols < C
-    out = v / (1.0 + tl.exp(-g))
     b = rows // T
     t = rows % T
     ok = (rows < M)[:, None] & col_ok[None, :]
+    if SAVE_PRE:  # training: the backward's GLU derivative reads these instead of a second GEMM
+        pre_rows = pre_ptr + rows[:, None] * (2 * C)
+        tl.store(pre_rows + cols[None, :], v.to(pre_ptr.dtype.element_ty), mask=ok)
+        tl.store(pre_rows + C + cols[None, :], g.to(pre_ptr.dtype.element_ty), mask=ok)
+    out = v / (1.0 + tl.exp(-g))
     if HAS_RES:
         out += tl.load(res_ptr + (b * sr_b + t * sr_t)[:, None] + cols[None, :] * sr_c, mask=ok, other=0.0).to(ACC)
     out = out * scale
     tl.store(out_ptr + (b * so_b + t * so_t)[:, None] + cols[None, :] * so_c, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.autotune(configs=_GLU_CONFIGS, key=["C_in", "C", "K_W"],
-                 prune_configs_by=prune_by_report("conv_glu/_conv_glu_bwd_dpre_kernel"))
+@triton.autotune(configs=_ELEMENTWISE_CONFIGS, key=["C"],
+                 prune_configs_by=prune_by_report("conv_glu/_conv_glu_bwd_glu_kernel"))
 @triton.jit
-def _conv_glu_bwd_dpre_kernel(
-    x_ptr, w_ptr, bias_ptr, mask_ptr, dout_ptr, dpre_ptr, dbias_part_ptr,
-    M, T, C_in, C, scale,
-    sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t, sd_b, sd_t, sd_c,
-    K_W: tl.constexpr, PAD_LEFT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-    ACC: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _conv_glu_bwd_glu_kernel(
+    pre_ptr, dout_ptr, dpre_ptr, dbias_part_ptr,
+    M, T, C, scale,
+    sd_b, sd_t, sd_c,
+    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    """``dpre = d GLU(pre) * scale * dout`` for a tile of rows x value channels (and their gates)."""
     pid_m = tl.program_id(0).to(tl.int64)
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     cols = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    v, g = _preactivations(x_ptr, w_ptr, bias_ptr, mask_ptr, rows, cols, M, T, C_in, C,
-                           sx_b, sx_t, sx_c, sw_k, sw_i, sw_o, sm_b, sm_t,
-                           K_W, PAD_LEFT, HAS_BIAS, HAS_MASK, ACC, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     col_ok = cols < C
     ok = (rows < M)[:, None] & col_ok[None, :]
+    two_c = 2 * C
+    pre_rows = pre_ptr + rows[:, None] * two_c
+    v = tl.load(pre_rows + cols[None, :], mask=ok, other=0.0).to(ACC)
+    g = tl.load(pre_rows + C + cols[None, :], mask=ok, other=0.0).to(ACC)
     b = rows // T
     t = rows % T
     grad = tl.load(dout_ptr + (b * sd_b + t * sd_t)[:, None] + cols[None, :] * sd_c, mask=ok, other=0.0).to(ACC)
@@ -141,7 +154,6 @@ def _conv_glu_bwd_dpre_kernel(
     sig = 1.0 / (1.0 + tl.exp(-g))
     dv = grad * sig
     dg = grad * v * sig * (1.0 - sig)
-    two_c = 2 * C
     dpre_rows = dpre_ptr + rows[:, None] * two_c
     tl.store(dpre_rows + cols[None, :], dv.to(dpre_ptr.dtype.element_ty), mask=ok)
     tl.store(dpre_rows + C + cols[None, :], dg.to(dpre_ptr.dtype.element_ty), mask=ok)
@@ -243,30 +255,33 @@ def _dw_splits(M: int) -> int:
     return max(1, min(32, triton.cdiv(M, 1024)))
 
 
-def conv_glu_forward(x, weight, bias, residual, pad_mask, causal: bool, scale: float) -> torch.Tensor:
+def conv_glu_forward(x, weight, bias, residual, pad_mask, causal: bool, scale: float, save_pre: bool = False):
+    """The output ``(B, T, C)``; with ``save_pre``, ``(output, pre (B*T, 2C))``: the value and gate
+    pre-activations the backward reads (:func:`conv_glu_backward`)."""
     B, T, C_in = x.shape
     k, _, c2 = weight.shape
     C = c2 // 2
     M = B * T
     out = new_empty(B, T, C, dtype=x.dtype, device=x.device)
-    if M == 0:
-        return out
-    mask, sm_b, sm_t = _mask_arg(pad_mask, x)
-    res = residual if residual is not None else out
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(C, meta["BLOCK_N"]))
-    _conv_glu_fwd_kernel[grid](
-        x, weight, bias if bias is not None else x, res, mask, out,
-        M, T, C_in, C, float(scale),
-        *x.stride(), *weight.stride(), *res.stride(), sm_b, sm_t, *out.stride(),
-        K_W=k, PAD_LEFT=conv_padding(k, causal)[0],
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_MASK=pad_mask is not None,
-        ACC=acc_type(x.dtype), PRECISION=dot_precision(x.dtype),
-    )
-    return out
+    pre = new_empty(M, c2, dtype=x.dtype, device=x.device) if save_pre else None
+    if M > 0:
+        mask, sm_b, sm_t = _mask_arg(pad_mask, x)
+        res = residual if residual is not None else out
+        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(C, meta["BLOCK_N"]))
+        _conv_glu_fwd_kernel[grid](
+            x, weight, bias if bias is not None else x, res, mask, out, pre if save_pre else out,
+            M, T, C_in, C, float(scale),
+            *x.stride(), *weight.stride(), *res.stride(), sm_b, sm_t, *out.stride(),
+            K_W=k, PAD_LEFT=conv_padding(k, causal)[0],
+            HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_MASK=pad_mask is not None, SAVE_PRE=save_pre,
+            ACC=acc_type(x.dtype), PRECISION=dot_precision(x.dtype),
+        )
+    return (out, pre) if save_pre else out
 
 
-def conv_glu_backward(grad_out, x, weight, bias, pad_mask, causal: bool, scale: float, needs):
-    """Gradients ``(dx, dweight, dbias, dresidual)``; ``needs`` says which are wanted (None otherwise)."""
+def conv_glu_backward(grad_out, pre, x, weight, pad_mask, causal: bool, scale: float, needs):
+    """Gradients ``(dx, dweight, dbias, dresidual)`` from the forward's saved ``pre``; ``needs``
+    says which are wanted (None otherwise; dbias only with a bias)."""
     B, T, C_in = x.shape
     k, _, c2 = weight.shape
     C = c2 // 2
@@ -278,21 +293,15 @@ def conv_glu_backward(grad_out, x, weight, bias, pad_mask, causal: bool, scale: 
     has_mask = pad_mask is not None
     part_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     if M == 0:  # no rows: every gradient is zero (and a grid of zero programs cannot launch)
-        zeros = (torch.zeros_like(x), torch.zeros_like(weight),
-                 torch.zeros_like(bias) if bias is not None else None, grad_out * scale)
+        zeros = (torch.zeros_like(x), torch.zeros_like(weight), weight.new_zeros(c2), grad_out * scale)
         return tuple(g if need else None for g, need in zip(zeros, needs))
 
     dpre = new_empty(M, c2, dtype=x.dtype, device=x.device)
     # one partial bias row per row tile; the smallest BLOCK_M of any config bounds their number
     dbias_part = new_empty(triton.cdiv(M, _MIN_BLOCK_M), c2, dtype=part_dtype, device=x.device)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(C, meta["BLOCK_N"]))
-    meta_dpre = dict(K_W=k, PAD_LEFT=pad_left, HAS_BIAS=bias is not None, HAS_MASK=has_mask, ACC=acc, PRECISION=prec)
-    _conv_glu_bwd_dpre_kernel[grid](
-        x, weight, bias if bias is not None else x, mask, grad_out, dpre, dbias_part,
-        M, T, C_in, C, float(scale),
-        *x.stride(), *weight.stride(), sm_b, sm_t, *grad_out.stride(), **meta_dpre,
-    )
-    n_tiles = triton.cdiv(M, _conv_glu_bwd_dpre_kernel.best_config.kwargs["BLOCK_M"])
+    _conv_glu_bwd_glu_kernel[grid](pre, grad_out, dpre, dbias_part, M, T, C, float(scale), *grad_out.stride(), ACC=acc)
+    n_tiles = triton.cdiv(M, _conv_glu_bwd_glu_kernel.best_config.kwargs["BLOCK_M"])
 
     dx = dw = db = dres = None
     if needs[0]:
@@ -320,21 +329,22 @@ def conv_glu_backward(grad_out, x, weight, bias, pad_mask, causal: bool, scale: 
 
 
 class ConvGLUFunction(torch.autograd.Function):
-    """Autograd wrapper: forward and backward both run the Triton kernels."""
+    """Autograd wrapper: forward and backward both run the Triton kernels; saves the pre-activations."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, residual, pad_mask, causal, scale):
         scale = 1.0 if scale is None else float(scale)
-        ctx.save_for_backward(x, weight, bias, pad_mask)
-        ctx.causal, ctx.scale, ctx.has_residual = causal, scale, residual is not None
-        return conv_glu_forward(x, weight, bias, residual, pad_mask, causal, scale)
+        out, pre = conv_glu_forward(x, weight, bias, residual, pad_mask, causal, scale, save_pre=True)
+        ctx.save_for_backward(pre, x, weight, pad_mask)
+        ctx.causal, ctx.scale, ctx.has_residual, ctx.has_bias = causal, scale, residual is not None, bias is not None
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight, bias, pad_mask = ctx.saved_tensors
+        pre, x, weight, pad_mask = ctx.saved_tensors
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1],
-                 bias is not None and ctx.needs_input_grad[2], ctx.has_residual and ctx.needs_input_grad[3])
-        dx, dw, db, dres = conv_glu_backward(grad_out, x, weight, bias, pad_mask, ctx.causal, ctx.scale, needs)
+                 ctx.has_bias and ctx.needs_input_grad[2], ctx.has_residual and ctx.needs_input_grad[3])
+        dx, dw, db, dres = conv_glu_backward(grad_out, pre, x, weight, pad_mask, ctx.causal, ctx.scale, needs)
         return dx, dw, db, dres, None, None, None
 
 

@@ -14,16 +14,18 @@ KERNELS = __package__ + ".triton_kernels"
 # what --ci compiles beyond each launch's first config in bf16 on sm_90, (launch, config index,
 # dtype, target): one fp32 IEEE case on sm_80, so that the FMA path and the A100 are covered too
 SUBSET_EXTRA = (("_conv_glu_fwd_kernel", 0, "fp32-ieee", "sm_80"),)
+SITES = {"_conv_glu_fwd_kernel": ["", "train"]}  # inference, then training (saves the pre-activations)
 
 _meta = functools.partial(torch.empty, device="meta")
 
 
 def calls(dtype) -> None:
-    """The encoder's call (centred, bias, residual, pad mask, scale): every flag on; k = 3,
-    C = 512, 160 sentences x 25 steps."""
+    """The encoder's call (centred, bias, residual, pad mask, scale): every flag on, inference and
+    training; k = 3, C = 512, 160 sentences x 25 steps."""
     B, T, C, k = 160, 25, 512, 3
     x, res, grad = (_meta(B, T, C, dtype=dtype) for _ in range(3))
     w, b = _meta(k, C, 2 * C, dtype=dtype), _meta(2 * C, dtype=dtype)
     mask = _meta(B, T, dtype=torch.bool)
     conv_glu_forward(x, w, b, res, mask, False, 0.5 ** 0.5)
-    conv_glu_backward(grad, x, w, b, mask, False, 0.5 ** 0.5, (True, True, True, True))
+    _, pre = conv_glu_forward(x, w, b, res, mask, False, 0.5 ** 0.5, save_pre=True)
+    conv_glu_backward(grad, pre, x, w, mask, False, 0.5 ** 0.5, (True, True, True, True))
