@@ -25,7 +25,6 @@ GPUS: Dict[str, Dict[str, float]] = {
 }
 ELEM = {"bf16": 2, "fp16": 2, "fp32": 4}
 BLOCK_E = 128  # the attention forward's output tile over the embedding (scores recomputed E / BLOCK_E times)
-DW_SPLITS = 4  # row chunks of the conv weight gradient at 4,000 rows (partials in fp32)
 
 Row = Tuple[str, float, float]  # (case, flops, bytes)
 
@@ -44,8 +43,8 @@ def conv_glu_rows(e: int) -> List[Row]:
             + (M * 2 * C + w + M * C)  # dx: read dpre, W; write dx
             + (M * C + M * 2 * C)  # dW: read x, dpre
             + 2 * M * C  # dresidual = dout * scale
-            + w  # dW in the input dtype
-        ) + 4 * 2 * DW_SPLITS * w  # fp32 partials written and summed
+            + w  # dW in the input dtype, at once (its tiles fill the GPU at these widths: no partials)
+        )
         rows.append((f"conv_glu bwd   M {M} C {C} k {k}", 2 * gemm, bwd_bytes))  # dx and dW
     return rows
 
@@ -58,13 +57,12 @@ def attention_rows(e: int) -> List[Row]:
         recompute = -(-E // BLOCK_E)
         fwd_bytes = e * (B * t * E + 2 * B * S * E + B * t * E) + 4 * B * t  # q, z, y, out, lse
         rows.append((f"attention fwd  {name} B {B} T {t} S {S} E {E}", qk * recompute + qk, fwd_bytes))
-    # backward (training shape): dS kernel (scores + dP), then dq, dz, dy as three batched GEMMs
+    # backward (training shape, T and S <= 64: one fused kernel): scores and dP recomputed, then
+    # dq, dz, dy; P and dS stay in registers
     qk = 2.0 * B * T * S * E
-    ds_bytes = e * (B * T * E + 2 * B * S * E + B * T * E + 2 * B * T * S) + 8 * B * T
-    bmm_bytes = e * (2 * B * T * S + 2 * B * S * E + B * T * E  # reads: dS twice, P; z, q, dctx
-                     + B * T * E + 2 * B * S * E)  # writes dq, dz, dy
-    delta_bytes = e * 2 * B * T * E  # D = rowsum(dctx * ctx)
-    rows.append((f"attention bwd  train B {B} T {T} S {S} E {E}", 2 * qk + 3 * qk, ds_bytes + bmm_bytes + delta_bytes))
+    bwd_bytes = e * (2 * B * T * E + 2 * B * S * E + B * T * E  # reads: q, dctx; z, y; the context (for D)
+                     + B * T * E + 2 * B * S * E) + 4 * B * T  # writes dq, dz, dy; reads the lse
+    rows.append((f"attention bwd  train B {B} T {T} S {S} E {E}", 2 * qk + 3 * qk, bwd_bytes))
     return rows
 
 

@@ -18,6 +18,9 @@ ATTN_CASES = [
     pytest.param(2, 3, 1, 4, True, id="single_source_step"),
     pytest.param(3, 17, 37, 41, True, id="multi_tile_left_pad"),
     pytest.param(3, 17, 37, 41, False, id="multi_tile_right_pad"),
+    # past the one-launch backward's 64 x 64 (Triton): the tiled dS kernel and the batched products
+    pytest.param(2, 66, 9, 12, True, id="long_target_unfused"),
+    pytest.param(2, 5, 70, 12, False, id="long_source_unfused"),
 ]
 
 
@@ -68,6 +71,17 @@ def test_attention_strided_inputs(backend):
     want_ctx, want_attn = ck.attention_embsum_ref(q, z, y, lengths, return_attn=True)
     assert_close("attention_embsum", ctx, want_ctx)
     assert_close("attention_embsum", attn, want_attn, what="attention probabilities")
+    # gradients through the strided views, with a strided output gradient, float64
+    bases = [torch.randn(B, T, 2 * E, dtype=torch.float64), torch.randn(B, S + 2, E, dtype=torch.float64),
+             torch.randn(S, B, E, dtype=torch.float64)]
+    dctx = torch.randn(T, B, E, dtype=torch.float64).transpose(0, 1)
+    grads = []
+    for fn in (lambda *a: ck.attention_embsum(*a, lengths, backend=backend), lambda *a: ck.attention_embsum_ref(*a, lengths)):
+        leaves = [b.clone().requires_grad_() for b in bases]
+        out = fn(leaves[0][:, :, E:], leaves[1][:, 1 : S + 1], leaves[2].transpose(0, 1))
+        grads.append(torch.autograd.grad(out, leaves, dctx))
+    for name, got, want in zip("qzy", *grads):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=name)
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
@@ -139,7 +153,7 @@ def test_attention_ref_gradcheck():
 # --- GPUs: bf16 and the paper's large shapes ---------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("B,T,S,E", [(160, 25, 25, 768), (160, 1, 25, 512), (8, 200, 300, 256)])
+@pytest.mark.parametrize("B,T,S,E", [(160, 25, 25, 768), (160, 1, 25, 512), (16, 60, 50, 256), (8, 200, 300, 256)])
 def test_attention_paper_shapes_on_gpu(B, T, S, E, dtype):
     dev = "cuda"
     q = (torch.randn(B, T, E, device=dev) * E ** -0.5).to(dtype).requires_grad_()

@@ -55,6 +55,29 @@ def test_conv_glu_forward_and_backward_match_reference(backend, B, T, c_in, c_ou
         assert torch.all(grads[0][mask] == 0), "padded input steps get no gradient"
 
 
+@pytest.mark.parametrize("splits", [1, 3, 7])
+def test_triton_weight_gradient_in_row_chunks_matches_reference(splits):
+    """The weight gradient at once (in the input dtype) and in row chunks of partials (where a
+    GPU's tiles are too few): M = 35 rows in 3 chunks of 12 (the last short) or 7 of 5, chunks
+    ending inside a sentence, with left padding; float64."""
+    require_or_skip("triton")
+    from convs2s_kernels.ops.conv_glu.triton_kernels import conv_glu_backward, conv_glu_forward
+
+    B, T, c_in, c_out, k = 5, 7, 12, 10, 3
+    x, w, b, _ = conv_inputs(B, T, c_in, c_out, k, torch.float64)
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    mask[-1, :3] = True
+    _, pre = conv_glu_forward(x, w, b, None, mask, False, 0.5, save_pre=True)
+    dout = torch.randn(B, T, c_out, dtype=torch.float64)
+    dx, dw, db, _ = conv_glu_backward(dout, pre, x, w, mask, False, 0.5, (True, True, True, False), dw_splits=splits)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    want = ck.conv_glu_ref(*leaves, causal=False, scale=0.5, pad_mask=mask)
+    want_dx, want_dw, want_db = torch.autograd.grad(want, leaves, dout)
+    for name, got, ref in (("dx", dx, want_dx), ("dweight", dw, want_dw), ("dbias", db, want_db)):
+        assert got.dtype == torch.float64 and got.shape == ref.shape, name
+        torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10, msg=name)
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "centred"])
 @pytest.mark.parametrize("backend", ["cpp", "reference"])
 @torch.no_grad()

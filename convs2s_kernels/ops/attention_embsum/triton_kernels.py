@@ -9,10 +9,13 @@ the score reduction, ``BLOCK_E`` for the output. It writes the context scaled by
 and the log-sum-exp of every query; ``_attention_probs_kernel`` recomputes the attention
 probabilities from it when they are asked for (alignment).
 
-Backward: ``_attention_bwd_ds_kernel`` recomputes ``P`` from the log-sum-exp and writes it with
-``dS = P * (dP - D)``; ConvS2S sources are short (tens of steps), so the three products that
-follow run as one small batched GEMM kernel (``_bmm_kernel``) each: ``dq = dS z``,
-``dz = dS^T q``, ``dy = sqrt(s) P^T dc``.
+Backward, where a sentence's queries and sources are at most 64 each (32 with IEEE fp32 products;
+the paper's training batches: 25 tokens): ``_attention_bwd_fused_kernel``, one program per sentence, holds its
+``T x S`` probabilities ``P`` (recomputed from the log-sum-exp) and ``dS = P * (dP - D)`` in
+registers, ``D = dc . c`` summed on the way, then walks the embedding once more for
+``dq = dS z``, ``dz = dS^T q`` and ``dy = sqrt(s) P^T dc``: one launch instead of ten, no
+``T x S`` tensor in memory. Longer ones: ``_attention_bwd_ds_kernel`` writes ``P`` and ``dS``
+per tile, and the three products run as one small batched GEMM kernel (``_bmm_kernel``) each.
 """
 
 from __future__ import annotations
@@ -43,6 +46,20 @@ _TILE_CONFIGS = configs(
         dict(BLOCK_T=16, BLOCK_S=64, BLOCK_D=32, num_warps=4, num_stages=2),  # D = 64 spilled (dS, fp32, sm_90)
     ],
     interpreter=dict(BLOCK_T=16, BLOCK_S=16, BLOCK_D=64),
+)
+# the fused backward: the whole sentence's T x S tile, embedding chunks of BLOCK_D
+
+
+def fused_max(dtype: torch.dtype) -> int:
+    """The longest queries and sources the one-launch backward takes: 64 on tensor cores, 32 with
+    IEEE fp32 products (an FMA loop: every config spilled at 64 x 64 on sm_80 and sm_90)."""
+    return 32 if dtype in (torch.float32, torch.float64) and dot_precision(dtype) == "ieee" else 64
+
+
+_FUSED_CONFIGS = configs(
+    gpu=[dict(BLOCK_D=64, num_warps=4, num_stages=2), dict(BLOCK_D=32, num_warps=4, num_stages=2),
+         dict(BLOCK_D=64, num_warps=8, num_stages=2)],
+    interpreter=dict(BLOCK_D=64),
 )
 _BMM_CONFIGS = configs(
     gpu=[  # 4 warps spilled in fp32 (IEEE or TF32, depending on the transposes)
@@ -209,6 +226,74 @@ def _attention_bwd_ds_kernel(
     tl.store(ds_ptr + tile, (p * grad_p).to(ds_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _row_dot(a_ptr, c_ptr, b, ts, T, E, sa_b, sa_t, sa_e, sc_b, sc_t, sc_e,
+             ACC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``sum_e a[b, t, e] c[b, t, e]`` for the queries ``ts``."""
+    acc = tl.zeros((BLOCK_T,), dtype=ACC)
+    t_ok = ts < T
+    for d0 in range(0, E, BLOCK_D):
+        ds = d0 + tl.arange(0, BLOCK_D)
+        ok = t_ok[:, None] & (ds < E)[None, :]
+        a = tl.load(a_ptr + b * sa_b + ts[:, None] * sa_t + ds[None, :] * sa_e, mask=ok, other=0.0)
+        c = tl.load(c_ptr + b * sc_b + ts[:, None] * sc_t + ds[None, :] * sc_e, mask=ok, other=0.0)
+        acc += tl.sum(a.to(ACC) * c.to(ACC), axis=1)
+    return acc
+
+
+@triton.jit
+def _fused_store(dst_ptr, b, rows, n_rows, cols, E, sd_b, sd_r, sd_e, val):
+    ok = (rows < n_rows)[:, None] & (cols < E)[None, :]
+    tl.store(dst_ptr + b * sd_b + rows[:, None] * sd_r + cols[None, :] * sd_e, val.to(dst_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.autotune(configs=_FUSED_CONFIGS, key=["BLOCK_T", "BLOCK_S", "E"],
+                 prune_configs_by=prune_by_report("attention_embsum/_attention_bwd_fused_kernel"))
+@triton.jit
+def _attention_bwd_fused_kernel(
+    q_ptr, z_ptr, y_ptr, len_ptr, lse_ptr, c_ptr, dctx_ptr, dattn_ptr, dq_ptr, dz_ptr, dy_ptr,
+    T, S, E,
+    sq_b, sq_t, sq_e, sz_b, sz_s, sz_e, sy_b, sy_s, sy_e, sc_b, sc_t, sc_e, sd_b, sd_t, sd_e,
+    LEFT_PAD: tl.constexpr, HAS_DATTN: tl.constexpr, NEED_DQ: tl.constexpr, NEED_DZ: tl.constexpr,
+    NEED_DY: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """The whole backward of sentence ``b``: ``P``, ``dS`` in registers, then ``dq``, ``dz``, ``dy``
+    (outputs contiguous ``(B, T, E)`` / ``(B, S, E)``)."""
+    b = tl.program_id(0).to(tl.int64)
+    ts = tl.arange(0, BLOCK_T).to(tl.int64)
+    ss = tl.arange(0, BLOCK_S).to(tl.int64)
+    p, length = _probabilities(q_ptr, z_ptr, len_ptr, lse_ptr, b, ts, ss, T, S, E,
+                               sq_b, sq_t, sq_e, sz_b, sz_s, sz_e, LEFT_PAD, ACC, PRECISION,
+                               BLOCK_T, BLOCK_S, BLOCK_D)
+    scale = tl.sqrt(length.to(ACC))
+    dp = _scores(dctx_ptr, y_ptr, b, ts, ss, T, S, E, sd_b, sd_t, sd_e, sy_b, sy_s, sy_e,
+                 ACC, PRECISION, BLOCK_T, BLOCK_S, BLOCK_D) * scale
+    delta = _row_dot(dctx_ptr, c_ptr, b, ts, T, E, sd_b, sd_t, sd_e, sc_b, sc_t, sc_e, ACC, BLOCK_T, BLOCK_D)
+    if HAS_DATTN:  # the probabilities' own gradient: dP += dA, D += dA . P
+        da = tl.load(dattn_ptr + (b * T + ts[:, None]) * S + ss[None, :],
+                     mask=(ts < T)[:, None] & (ss < S)[None, :], other=0.0).to(ACC)
+        dp += da
+        delta += tl.sum(da * p, axis=1)
+    ds = p * (dp - delta[:, None])
+    for d0 in range(0, E, BLOCK_D):
+        dd = (d0 + tl.arange(0, BLOCK_D)).to(tl.int64)
+        d_ok = (dd < E)[None, :]
+        if NEED_DQ:
+            zd = tl.load(z_ptr + b * sz_b + ss[:, None] * sz_s + dd[None, :] * sz_e, mask=(ss < S)[:, None] & d_ok, other=0.0)
+            _fused_store(dq_ptr, b, ts, T, dd, E, T * E, E, 1,
+                         tl.dot(ds.to(zd.dtype), zd, input_precision=PRECISION, out_dtype=ACC))
+        if NEED_DZ:
+            qd = tl.load(q_ptr + b * sq_b + ts[:, None] * sq_t + dd[None, :] * sq_e, mask=(ts < T)[:, None] & d_ok, other=0.0)
+            _fused_store(dz_ptr, b, ss, S, dd, E, S * E, E, 1,
+                         tl.dot(tl.trans(ds).to(qd.dtype), qd, input_precision=PRECISION, out_dtype=ACC))
+        if NEED_DY:
+            dc = tl.load(dctx_ptr + b * sd_b + ts[:, None] * sd_t + dd[None, :] * sd_e,
+                         mask=(ts < T)[:, None] & d_ok, other=0.0)
+            _fused_store(dy_ptr, b, ss, S, dd, E, S * E, E, 1,
+                         tl.dot(tl.trans(p).to(dc.dtype), dc, input_precision=PRECISION, out_dtype=ACC) * scale)
+
+
 @triton.autotune(configs=_BMM_CONFIGS, key=["M_BUCKET", "N_BUCKET", "K_BUCKET"],
                  prune_configs_by=prune_by_report("attention_embsum/_bmm_kernel"))
 @triton.jit
@@ -276,9 +361,31 @@ def attention_forward(q, z, y, src_lengths, left_pad: bool, return_attn: bool):
     return out, attn, lse
 
 
+def _fused_backward(dctx, dattn, q, z, y, lens, left_pad, ctx_out, lse, needs):
+    """``(dq, dz, dy)`` (None where not needed) by the one-launch backward (T, S <= :func:`fused_max`)."""
+    B, T, E = q.shape
+    S = z.shape[1]
+    outs = [new_empty(*shape, dtype=q.dtype, device=q.device) if need else None
+            for need, shape in zip(needs, ((B, T, E), (B, S, E), (B, S, E)))]
+    dattn_c = dattn.contiguous() if dattn is not None else q
+    _attention_bwd_fused_kernel[(B,)](
+        q, z, y, lens, lse, ctx_out, dctx, dattn_c, *(o if o is not None else q for o in outs), T, S, E,
+        *q.stride(), *z.stride(), *y.stride(), *ctx_out.stride(), *dctx.stride(),
+        LEFT_PAD=left_pad, HAS_DATTN=dattn is not None, NEED_DQ=bool(needs[0]), NEED_DZ=bool(needs[1]),
+        NEED_DY=bool(needs[2]), ACC=acc_type(q.dtype), PRECISION=dot_precision(q.dtype),
+        BLOCK_T=bucket(T), BLOCK_S=bucket(S),
+    )
+    return tuple(outs)
+
+
 def attention_backward(dctx, dattn, q, z, y, src_lengths, left_pad, ctx_out, attn, lse, needs):
     B, T, E = q.shape
     S = z.shape[1]
+    if B * T == 0 or S == 0:
+        zeros = (torch.zeros_like(q), torch.zeros_like(z), torch.zeros_like(y))
+        return tuple(g if need else None for g, need in zip(zeros, needs))
+    if max(T, S) <= fused_max(q.dtype):
+        return _fused_backward(dctx, dattn, q, z, y, _lengths_arg(src_lengths, q, S), left_pad, ctx_out, lse, needs)
     acc_dtype = lse.dtype
     # D_i = sum_j P_ij dP_ij = dc_i . c_i (+ sum_j A_ij dA_ij when the probabilities get a gradient)
     delta = (dctx.to(acc_dtype) * ctx_out.to(acc_dtype)).sum(-1)

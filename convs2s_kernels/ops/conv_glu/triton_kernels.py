@@ -15,8 +15,9 @@ H100: ``shared/notes/gpu_h100.md``). Backward:
   ``pre`` and the output gradient, plus per-row-tile partial sums of it for the bias gradient;
 * ``_conv_glu_bwd_dx_kernel``: ``dx[t'] = sum_j dpre[t' + left - j] @ W[j]^T`` (a GEMM with the
   taps as shifted loads again), zero at padded steps;
-* ``_conv_glu_bwd_dw_kernel``: ``dW[j] = x_j^T @ dpre`` with the rows split into chunks whose
-  partial products are summed afterwards: deterministic, no atomics.
+* ``_conv_glu_bwd_dw_kernel``: ``dW[j] = x_j^T @ dpre``, written at once where its tiles fill the
+  GPU, else with the rows split into chunks whose fp32 partials are summed afterwards:
+  deterministic, no atomics.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ _GEMM_CONFIGS = configs(
     gpu=_tiles((128, 64, 32, 4, 4), (64, 64, 32, 4, 4), (128, 128, 32, 8, 3), (32, 64, 32, 4, 4), (64, 64, 16, 4, 3)),
     interpreter=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
 )
+# the weight gradient's smallest (input channels, output columns) tile: the most programs it can have
+_SMALLEST_TILE = min(((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in _GEMM_CONFIGS), key=lambda t: t[0] * t[1])
 # The GLU backward is elementwise (no reduction loop): wide row tiles, 16-byte loads along channels.
 _ELEMENTWISE_CONFIGS = configs(
     gpu=[dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=1), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
@@ -212,7 +215,8 @@ def _conv_glu_bwd_dw_kernel(
     ACC: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Partial ``dW[j, ci, n]`` over one chunk of rows; BLOCK_M tiles input channels here."""
+    """``dW[j, ci, n]`` over one chunk of rows (a partial when there are several); BLOCK_M tiles
+    input channels here."""
     n_ci_tiles = tl.cdiv(C_in, BLOCK_M)
     j = tl.program_id(0) // n_ci_tiles
     chans = ((tl.program_id(0) % n_ci_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -239,7 +243,7 @@ def _conv_glu_bwd_dw_kernel(
                     mask=(rows < row_end)[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(xt, d, acc, input_precision=PRECISION, out_dtype=ACC)
     out = dw_part_ptr + ((split * K_W + j) * C_in + chans[:, None]) * two_c + ns[None, :]
-    tl.store(out, acc, mask=chan_ok[:, None] & n_ok[None, :])
+    tl.store(out, acc.to(dw_part_ptr.dtype.element_ty), mask=chan_ok[:, None] & n_ok[None, :])
 
 
 def _mask_arg(pad_mask: Optional[torch.Tensor], x: torch.Tensor):
@@ -250,9 +254,34 @@ def _mask_arg(pad_mask: Optional[torch.Tensor], x: torch.Tensor):
     return m, m.stride(0), m.stride(1)
 
 
-def _dw_splits(M: int) -> int:
-    """Row chunks for the weight gradient: enough programs to fill a GPU at long inputs."""
-    return max(1, min(32, triton.cdiv(M, 1024)))
+def _dw_splits(M: int, k: int, C_in: int, c2: int, device: torch.device) -> int:
+    """Row chunks of the weight gradient. One, when its (tap, input channel, output channel) tiles
+    can fill the GPU (the autotuner then picks among the tiles): dW is written at once in the input
+    dtype. More only where even the smallest tile leaves multiprocessors idle, since each chunk adds
+    an fp32 partial of dW to write and sum (at the paper's k = 3, C = 512 the four chunks used
+    before wrote and read 50 MB beside a 12.6 GFLOP product)."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    most = k * triton.cdiv(C_in, _SMALLEST_TILE[0]) * triton.cdiv(c2, _SMALLEST_TILE[1])  # programs
+    return max(1, min(32, triton.cdiv(sms, most), M // 512))
+
+
+def conv_glu_weight_grad(x, pad_mask, dpre, k: int, causal: bool, splits: int) -> torch.Tensor:
+    """``dW (k, C_in, 2C)`` from ``x`` and ``dpre (B*T, 2C)``, its rows in ``splits`` chunks: one
+    writes dW directly; several write fp32 partials (no atomics: deterministic) summed after."""
+    B, T, C_in = x.shape
+    M, c2 = dpre.shape
+    mask, sm_b, sm_t = _mask_arg(pad_mask, x)
+    part_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    out = new_empty(splits, k, C_in, c2, dtype=x.dtype if splits == 1 else part_dtype, device=x.device)
+    grid = lambda meta: (k * triton.cdiv(C_in, meta["BLOCK_M"]), triton.cdiv(c2, meta["BLOCK_N"]), splits)
+    _conv_glu_bwd_dw_kernel[grid](
+        x, mask, dpre, out, M, T, C_in, c2 // 2, triton.cdiv(M, splits), *x.stride(), sm_b, sm_t,
+        K_W=k, PAD_LEFT=conv_padding(k, causal)[0], HAS_MASK=pad_mask is not None,
+        ACC=acc_type(x.dtype), PRECISION=dot_precision(x.dtype),
+    )
+    return out[0] if splits == 1 else out.sum(0).to(x.dtype)
 
 
 def conv_glu_forward(x, weight, bias, residual, pad_mask, causal: bool, scale: float, save_pre: bool = False):
@@ -279,9 +308,11 @@ def conv_glu_forward(x, weight, bias, residual, pad_mask, causal: bool, scale: f
     return (out, pre) if save_pre else out
 
 
-def conv_glu_backward(grad_out, pre, x, weight, pad_mask, causal: bool, scale: float, needs):
+def conv_glu_backward(grad_out, pre, x, weight, pad_mask, causal: bool, scale: float, needs,
+                      dw_splits: Optional[int] = None):
     """Gradients ``(dx, dweight, dbias, dresidual)`` from the forward's saved ``pre``; ``needs``
-    says which are wanted (None otherwise; dbias only with a bias)."""
+    says which are wanted (None otherwise; dbias only with a bias); ``dw_splits``: the weight
+    gradient's row chunks (None: :func:`_dw_splits`)."""
     B, T, C_in = x.shape
     k, _, c2 = weight.shape
     C = c2 // 2
@@ -312,15 +343,8 @@ def conv_glu_backward(grad_out, pre, x, weight, pad_mask, causal: bool, scale: f
             K_W=k, PAD_LEFT=pad_left, HAS_MASK=has_mask, ACC=acc, PRECISION=prec,
         )
     if needs[1]:
-        splits = _dw_splits(M)
-        rows_per_split = triton.cdiv(M, splits)
-        dw_part = new_empty(splits, k, C_in, c2, dtype=part_dtype, device=x.device)
-        grid_dw = lambda meta: (k * triton.cdiv(C_in, meta["BLOCK_M"]), triton.cdiv(c2, meta["BLOCK_N"]), splits)
-        _conv_glu_bwd_dw_kernel[grid_dw](
-            x, mask, dpre, dw_part, M, T, C_in, C, rows_per_split, *x.stride(), sm_b, sm_t,
-            K_W=k, PAD_LEFT=pad_left, HAS_MASK=has_mask, ACC=acc, PRECISION=prec,
-        )
-        dw = dw_part.sum(0).to(x.dtype)
+        splits = dw_splits if dw_splits is not None else _dw_splits(M, k, C_in, c2, x.device)
+        dw = conv_glu_weight_grad(x, pad_mask, dpre, k, causal, max(1, min(splits, M)))
     if needs[2]:
         db = dbias_part[:n_tiles].sum(0).to(x.dtype)
     if needs[3]:
