@@ -9,7 +9,7 @@ import torch
 
 import convs2s_kernels as ck
 from convs2s_kernels.testing import assert_close
-from harness import DTYPES, FAST_BACKENDS, assert_grads_close, runnable
+from harness import DTYPES, FAST_BACKENDS, assert_grads_close, require_or_skip, runnable
 
 ATTN_CASES = [
     pytest.param(3, 4, 6, 8, True, id="train_left_pad"),
@@ -18,7 +18,9 @@ ATTN_CASES = [
     pytest.param(2, 3, 1, 4, True, id="single_source_step"),
     pytest.param(3, 17, 37, 41, True, id="multi_tile_left_pad"),
     pytest.param(3, 17, 37, 41, False, id="multi_tile_right_pad"),
-    # past the one-launch backward's 64 x 64 (Triton): the tiled dS kernel and the batched products
+    pytest.param(2, 5, 7, 100, True, id="embedding_past_one_chunk"),
+    # past the one-launch backward's tile (Triton: 32, or 64 on tensor cores): the tiled dS kernel
+    # and the batched products
     pytest.param(2, 66, 9, 12, True, id="long_target_unfused"),
     pytest.param(2, 5, 70, 12, False, id="long_source_unfused"),
 ]
@@ -82,6 +84,35 @@ def test_attention_strided_inputs(backend):
         grads.append(torch.autograd.grad(out, leaves, dctx))
     for name, got, want in zip("qzy", *grads):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=name)
+
+
+def test_triton_backward_is_one_launch_where_the_sentence_fits_its_tile():
+    """The fused backward where queries and sources fit (32 each with IEEE fp32 products), the
+    tiled one past it; only the probabilities used (no context gradient) works too."""
+    import importlib
+
+    require_or_skip("triton")
+    kernels = importlib.import_module("convs2s_kernels.ops.attention_embsum.triton_kernels")
+    launched = []
+    for name in ("_attention_bwd_fused_kernel", "_attention_bwd_ds_kernel"):
+        tuner = getattr(kernels, name)
+        run = tuner.run
+        tuner.run = lambda *a, _run=run, _name=name, **k: (launched.append(_name), _run(*a, **k))[1]
+    try:
+        for T, S, want in ((5, 7, "fused"), (32, 32, "fused"), (33, 4, "ds"), (4, 40, "ds")):
+            q, z, y = (torch.randn(2, n, 8, dtype=torch.float64, requires_grad=True) for n in (T, S, S))
+            launched.clear()
+            ctx, attn = ck.attention_embsum(q, z, y, return_attn=True, backend="triton")
+            grads = torch.autograd.grad(attn.sum() * 0.5, (q, z))  # the context unused: its gradient None
+            assert launched == [f"_attention_bwd_{want}_kernel"], (T, S, launched)
+            rq, rz, ry = (t.detach().requires_grad_() for t in (q, z, y))
+            want_grads = torch.autograd.grad(ck.attention_embsum_ref(rq, rz, ry, return_attn=True)[1].sum() * 0.5,
+                                             (rq, rz))
+            for got, ref in zip(grads, want_grads):
+                torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)
+    finally:
+        for name in ("_attention_bwd_fused_kernel", "_attention_bwd_ds_kernel"):
+            vars(getattr(kernels, name)).pop("run", None)
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)

@@ -270,28 +270,33 @@ def _attention_bwd_fused_kernel(
     dp = _scores(dctx_ptr, y_ptr, b, ts, ss, T, S, E, sd_b, sd_t, sd_e, sy_b, sy_s, sy_e,
                  ACC, PRECISION, BLOCK_T, BLOCK_S, BLOCK_D) * scale
     delta = _row_dot(dctx_ptr, c_ptr, b, ts, T, E, sd_b, sd_t, sd_e, sc_b, sc_t, sc_e, ACC, BLOCK_T, BLOCK_D)
+    lo, hi, _ = _valid_source_range(len_ptr, b, S, LEFT_PAD)
+    keep = (ts < T)[:, None] & ((ss >= lo) & (ss < hi))[None, :]
     if HAS_DATTN:  # the probabilities' own gradient: dP += dA, D += dA . P
-        da = tl.load(dattn_ptr + (b * T + ts[:, None]) * S + ss[None, :],
-                     mask=(ts < T)[:, None] & (ss < S)[None, :], other=0.0).to(ACC)
+        da = tl.load(dattn_ptr + (b * T + ts[:, None]) * S + ss[None, :], mask=keep, other=0.0).to(ACC)
         dp += da
         delta += tl.sum(da * p, axis=1)
-    ds = p * (dp - delta[:, None])
+    # padding lanes (a query past T, a source step outside the sentence) contribute nothing, even
+    # where the padding holds inf or NaN; the products' operands in the input dtype, once
+    ds = tl.where(keep, p * (dp - delta[:, None]), 0.0).to(q_ptr.dtype.element_ty)
+    pt = tl.trans(tl.where(keep, p, 0.0).to(q_ptr.dtype.element_ty))
+    dst = tl.trans(ds)
     for d0 in range(0, E, BLOCK_D):
         dd = (d0 + tl.arange(0, BLOCK_D)).to(tl.int64)
         d_ok = (dd < E)[None, :]
         if NEED_DQ:
             zd = tl.load(z_ptr + b * sz_b + ss[:, None] * sz_s + dd[None, :] * sz_e, mask=(ss < S)[:, None] & d_ok, other=0.0)
             _fused_store(dq_ptr, b, ts, T, dd, E, T * E, E, 1,
-                         tl.dot(ds.to(zd.dtype), zd, input_precision=PRECISION, out_dtype=ACC))
+                         tl.dot(ds, zd, input_precision=PRECISION, out_dtype=ACC))
         if NEED_DZ:
             qd = tl.load(q_ptr + b * sq_b + ts[:, None] * sq_t + dd[None, :] * sq_e, mask=(ts < T)[:, None] & d_ok, other=0.0)
             _fused_store(dz_ptr, b, ss, S, dd, E, S * E, E, 1,
-                         tl.dot(tl.trans(ds).to(qd.dtype), qd, input_precision=PRECISION, out_dtype=ACC))
+                         tl.dot(dst, qd, input_precision=PRECISION, out_dtype=ACC))
         if NEED_DY:
             dc = tl.load(dctx_ptr + b * sd_b + ts[:, None] * sd_t + dd[None, :] * sd_e,
                          mask=(ts < T)[:, None] & d_ok, other=0.0)
             _fused_store(dy_ptr, b, ss, S, dd, E, S * E, E, 1,
-                         tl.dot(tl.trans(p).to(dc.dtype), dc, input_precision=PRECISION, out_dtype=ACC) * scale)
+                         tl.dot(pt, dc, input_precision=PRECISION, out_dtype=ACC) * scale)
 
 
 @triton.autotune(configs=_BMM_CONFIGS, key=["M_BUCKET", "N_BUCKET", "K_BUCKET"],
@@ -417,6 +422,7 @@ def attention_backward(dctx, dattn, q, z, y, src_lengths, left_pad, ctx_out, att
 class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, z, y, src_lengths, left_pad, return_attn):
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros to read
         out, attn, lse = attention_forward(q, z, y, src_lengths, left_pad, return_attn)
         ctx.save_for_backward(q, z, y, src_lengths, out, attn, lse)
         ctx.left_pad = left_pad
@@ -425,6 +431,8 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dctx, dattn=None):
         q, z, y, src_lengths, out, attn, lse = ctx.saved_tensors
+        if dctx is None:  # only the probabilities were used
+            dctx = torch.zeros_like(out)
         dq, dz, dy = attention_backward(dctx, dattn, q, z, y, src_lengths, ctx.left_pad, out, attn, lse,
                                         ctx.needs_input_grad[:3])
         return dq, dz, dy, None, None, None

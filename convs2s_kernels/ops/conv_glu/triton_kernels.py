@@ -8,8 +8,8 @@ are written. Encoder padding is folded into the loads (padded input steps read a
 
 Training saves the pre-activations ``pre (M, 2C)`` (value and gate, bias included) from the
 forward's registers, as autograd saves a convolution's output for GLU: recomputing them in the
-backward cost a third GEMM there (the Triton backward lost to cuDNN's two, 0.70-0.96x on an
-H100: ``shared/notes/gpu_h100.md``). Backward:
+backward cost a third GEMM there, against cuDNN's two (the H100 run that measured it:
+``shared/notes/gpu_h100.md``). Backward:
 
 * ``_conv_glu_bwd_glu_kernel``, elementwise: the pre-activation gradient ``dpre (M, 2C)`` from
   ``pre`` and the output gradient, plus per-row-tile partial sums of it for the bias gradient;
