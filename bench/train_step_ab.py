@@ -26,13 +26,10 @@ import torch
 
 import convs2s
 import convs2s_kernels as ck
-from convs2s.special_tokens import EOS, NUM_SPECIALS
+from convs2s.data import TokenDataset, collate
 from convs2s.train import label_smoothed_nll
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from convs2s_bench.roofline import sync
+from convs2s_bench.workload import random_sentences
 
 
 class Runner:
@@ -44,11 +41,11 @@ class Runner:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.25, momentum=0.99, nesterov=True)
         self.dispatched: Counter = Counter()
 
-    def update(self, src, prev, target) -> None:
+    def update(self, batch) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            logits, _ = self.model(src, None, prev)
-        loss, _ = label_smoothed_nll(logits, target, 0.1)
+            logits, _ = self.model(batch.src_tokens, None, batch.prev_output_tokens)
+        loss, _ = label_smoothed_nll(logits, batch.target, 0.1)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 0.1)
         self.optimizer.step()
@@ -56,31 +53,25 @@ class Runner:
     def warm_up(self, updates: int) -> None:
         """Untimed updates (compiling, tuning, allocating), which also record the ops that ran."""
         with ck.count_dispatches() as counts:
-            for i in range(updates):
-                self.update(*self.batches[i % len(self.batches)])
+            self.round(updates)
         self.dispatched.update(counts)
 
     def round(self, updates: int) -> float:
         """Seconds for ``updates`` updates."""
-        _sync(self.device)
+        sync(self.device)
         t0 = time.perf_counter()
         for i in range(updates):
-            self.update(*self.batches[i % len(self.batches)])
-        _sync(self.device)
+            self.update(self.batches[i % len(self.batches)])
+        sync(self.device)
         return time.perf_counter() - t0
 
 
 def random_batches(n: int, sentences: int, length: int, vocab: int, device: torch.device, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        src = torch.randint(NUM_SPECIALS, vocab, (sentences, length), generator=g)
-        src[:, -1] = EOS
-        tgt = torch.randint(NUM_SPECIALS, vocab, (sentences, length), generator=g)
-        tgt[:, -1] = EOS
-        prev = torch.cat([torch.full((sentences, 1), EOS), tgt[:, :-1]], dim=1)
-        out.append((src.to(device), prev.to(device), tgt.to(device)))
-    return out
+    """``n`` batches of ``sentences`` random sentences, ``length`` tokens each with EOS, collated as
+    ``convs2s train`` collates them."""
+    words = [length - 1] * (n * sentences)
+    data = TokenDataset(random_sentences(words, vocab, seed), random_sentences(words, vocab, seed + 1))
+    return [collate(data, range(i * sentences, (i + 1) * sentences)).to(device) for i in range(n)]
 
 
 def run(args) -> Dict:

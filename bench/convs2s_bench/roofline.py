@@ -9,19 +9,20 @@ from typing import Callable, Dict, Iterable, Optional, Tuple
 import torch
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a timer around GPU work reads nothing otherwise)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def _best_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
     fn()  # warm-up: allocation, library dispatch, clocks
-    _sync(device)
+    sync(device)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
 

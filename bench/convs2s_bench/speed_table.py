@@ -33,7 +33,7 @@ from convs2s.errors import Convs2sError
 from .estimate import (Batch, BatchTiming, TRUNCATED_LENGTH, estimate, full_set_batches, sample_batches,
                        summarise)
 from .flops import generation_flops
-from .roofline import RooflineError, fractions_of_peak
+from .roofline import RooflineError, fractions_of_peak, sync
 from .workload import (DECODERS, DTYPES, LENGTH_NOTE, PAPER_ROWS, PAPER_SENTENCES, PEAK_OF,
                        REFERENCE, SUBSET_SEED, Config, auto_config, forced_lengths, hashed_ids, random_sentences,
                        subset_order, synthetic_lengths)
@@ -63,11 +63,6 @@ class Workload:
         return [self.sources[i] for i in batch.indices], forced
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_batch(model, work: Workload, batch: Batch, beam: int, config: Config, *, cut: Optional[int] = None,
                per_step: bool = True):
     """Run one batch, timing its preparation and each step; ``cut`` forces at most that many
@@ -80,16 +75,16 @@ def time_batch(model, work: Workload, batch: Batch, beam: int, config: Config, *
     sources, forced = work.inputs(batch)
     device = next(model.parameters()).device
     marks: List[float] = []
-    hook = (lambda step: (_sync(device), marks.append(time.perf_counter())) if per_step or step < 0 else None)
+    hook = (lambda step: (sync(device), marks.append(time.perf_counter())) if per_step or step < 0 else None)
     run_forced = None if forced is None else [min(f, cut) if cut else f for f in forced]
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     # a step timed alone must be a graph of its own (with several a replay, their hooks come together)
     hooks = Observer(forced_length=run_forced, on_step=hook, cuda_graph=None if work.cuda_graph else False,
                      steps_per_graph=1 if per_step else work.steps_per_graph)
     hyps = generate(model, sources, beam=beam, batch_size=len(sources), max_len_a=1.2 if forced else 0.0,
                     max_len_b=10 if forced else 200, fold_attention=config.decoder == "folded", observer=hooks)
-    _sync(device)
+    sync(device)
     if per_step:
         marks[-1] = time.perf_counter()  # the last step owns the bookkeeping after it: parts sum to the call
     else:
