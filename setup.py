@@ -2,6 +2,8 @@
 
 Environment switches:
   CONVS2S_KERNELS_SKIP_CPP_BUILD=1  pure-Python install (reference and Triton backends only)
+  CONVS2S_KERNELS_DEBUG=1           keep debug information (-g); the default drops it: a third of
+                                    the build's time and nine tenths of the library's size
 """
 
 import glob
@@ -18,11 +20,13 @@ def extensions():
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+    debug = [] if os.environ.get("CONVS2S_KERNELS_DEBUG") == "1" else ["-g0"]
     ext = CppExtension(
         name="convs2s_kernels._C",
         sources=sources,
         include_dirs=[os.path.join(ROOT, "csrc")],
-        extra_compile_args={"cxx": ["-O3", "-fopenmp", "-std=c++17"]},
+        # -g0 after Python's own CFLAGS (which carry -g): no debug information unless asked for
+        extra_compile_args={"cxx": ["-O3", "-fopenmp", "-std=c++17"] + debug},
         extra_link_args=["-fopenmp"],
     )
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}

@@ -1,6 +1,7 @@
 """Two builds of the C++ extension, side by side: the CPU products (w8a8 reducing and packed, 7-bit
-activations, weight-only int8, float32 few-row (N, K), (K, N) and packed) of each ``_C`` shared
-object timed in its own process, processes alternated (ABBA) over rounds; the median of 41 calls
+activations, weight-only int8, float32 few-row (N, K), (K, N) and packed) and the one-call decoder
+step (fconv_wmt_en_de's 15 decoder layers, packed weights, one sentence at beam 1 and 5) of each
+``_C`` shared object timed in its own process, processes alternated (ABBA) over rounds; the median of 41 calls
 on weights cycled cold per case, then per case the median over rounds with its range and the
 paired ratios. For a refactoring of ``csrc/`` that must leave speed unchanged.
 
@@ -10,6 +11,7 @@ paired ratios. For a refactoring of ``csrc/`` that must leave speed unchanged.
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -71,6 +73,33 @@ def time_build(path: str) -> dict:
         }
         for name, (fn, copies) in cases.items():
             out[f"{name}_M{m}"] = median_ms(fn, copies)
+    out.update(decoder_step_cases(C))
+    return out
+
+
+def decoder_step_cases(C) -> dict:
+    """The one-call decoder step (csrc/decoder_step_cpu.cpp) through convs2s_kernels bound to ``C``."""
+    sys.modules["convs2s_kernels._C"] = C  # the package imports this build, not the installed one
+    import convs2s_kernels as ck
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_bench_decoder_step import LAYERS, WIDTHS_IN, decoder_layers
+
+    assert ck.extension.native() is C
+    S, out = 30, {}
+    for B, beam in ((1, 1), (1, 5)):
+        N = B * beam
+        copies = [decoder_layers(B, S, torch.float32, "cpu", packed=True) for _ in range(3)]
+        x = torch.randn(N, WIDTHS_IN[0])
+        states = [torch.randn(N, k - 1, c_in) for (_, k), c_in in zip(LAYERS, WIDTHS_IN)]
+        emb, pad, lengths = torch.randn(B, beam, S), torch.zeros(B, S, dtype=torch.bool), torch.full((B,), S)
+        parents = torch.arange(N).flip(0)
+
+        def step(layers):
+            with torch.no_grad():
+                ck.decoder_step(x, states, layers, emb, pad, lengths, parents, backend="cpp")
+
+        out[f"decoder_step_wmt_en_de_B{B}_beam{beam}"] = median_ms(step, copies)
     return out
 
 

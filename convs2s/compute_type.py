@@ -194,39 +194,55 @@ def _copy_for(model, variant: Variant):
     return copy.deepcopy(model)
 
 
+FAR = 4.0  # a candidate this many times behind the best on a shape is not run on the larger ones
+
+
+def screen(run: Callable[[str, int], object], names: Sequence[str], shapes: int,
+           clock: Callable[[], float] = time.perf_counter) -> Dict[str, List[float]]:
+    """One untimed and one timed ``run(name, shape)`` per candidate and shape, shapes in order
+    (the cheapest first); a candidate ``FAR`` times behind the best on a shape keeps the times it
+    has and is not run on the later ones: bf16 emulated in software, 57x behind fp32 on the
+    few-row decoding, would take minutes on the many-row one."""
+    times: Dict[str, List[float]] = {n: [] for n in names}
+    live = list(names)
+    for shape in range(shapes):
+        for n in live:
+            run(n, shape)
+            t0 = clock()
+            run(n, shape)
+            times[n].append(clock() - t0)
+        best = min(times[n][shape] for n in live)
+        live = [n for n in live if times[n][shape] <= FAR * best]
+    return times
+
+
 def measure_decoding(model, names: Sequence[str], *, beam: int = 5, fold_attention: bool = True,
                      rounds: int = 3) -> Dict[str, List[float]]:
     """Each variant's time (seconds) to decode the few-row and the many-row workload with
-    ``model`` (copied per variant, the caller's untouched); measured interleaved, after a screen
-    at the default kernel choice that keeps a candidate more than twice as slow as the best from
-    costing its own kernel-choice measurement (it keeps its screen times)."""
+    ``model`` (copied per variant, the caller's untouched). First a :func:`screen` at the default
+    kernel choice, measuring none (a candidate far behind at the few-row shape is not run at the
+    many-row one); the candidates within ``SCREEN`` of the best on every shape are then timed
+    interleaved, each measuring its kernel choice first. The others keep their screen times; a
+    lone survivor is not timed again (there is nothing to choose)."""
     work = _decode_workload(model, beam)
     models = {n: apply_variant(_copy_for(model, VARIANTS[n]), n) for n in names}
 
-    def run(name: str, sources, steps) -> None:
+    def run(name: str, shape: int) -> None:
+        sources, steps = work[shape]
         generate(models[name], sources, beam=beam, batch_size=len(sources), max_len_b=steps + 2,
                  fold_attention=fold_attention, observer=Observer(forced_length=[steps] * len(sources)))
 
     with torch.no_grad():  # as generate runs
-        # a screen at the default kernel choice, measuring none: a candidate far slower than the
-        # best here (bf16 emulated in software) is not worth its kernel choice's measurement
         with tune.measuring(False):
-            screen = {n: [] for n in names}
-            for sources, steps in work:
-                for n in names:
-                    run(n, sources, steps)
-                    t0 = time.perf_counter()
-                    run(n, sources, steps)
-                    screen[n].append(time.perf_counter() - t0)
-        best = {i: min(screen[n][i] for n in names) for i in range(len(work))}
-        live = [n for n in names if statistics.geometric_mean([screen[n][i] / best[i] for i in best]) <= SCREEN]
-        out: Dict[str, List[float]] = {n: screen[n] for n in names if n not in live}
-        out.update({n: [] for n in live})
-        for sources, steps in work:
-            medians = time_interleaved({n: (lambda n=n, sources=sources, steps=steps: run(n, sources, steps))
-                                        for n in live}, rounds)
-            for n in live:
-                out[n].append(medians[n])
+            out = screen(run, names, len(work))
+        complete = [n for n in names if len(out[n]) == len(work)]
+        best = [min(out[n][i] for n in complete) for i in range(len(work))]
+        live = [n for n in complete if statistics.geometric_mean([t / b for t, b in zip(out[n], best)]) <= SCREEN]
+        if len(live) > 1:
+            for shape in range(len(work)):
+                medians = time_interleaved({n: (lambda n=n, shape=shape: run(n, shape)) for n in live}, rounds)
+                for n in live:
+                    out[n][shape] = medians[n]
     return {n: out[n] for n in names}
 
 
@@ -273,9 +289,10 @@ def choose_decoding(model, compute_type: str = "auto", *, beam: int = 5, fold_at
         return Choice(cached["choice"], cached["seconds"], cached["why"], cached=True)
     if measure is None and not _measuring_allowed():
         return Choice(names[0], {}, OFF)
+    t0 = time.perf_counter()
     seconds = (measure or measure_decoding)(model, names, beam=beam, fold_attention=fold_attention)
     name, why = pick(seconds, names)
-    why = f"{why} for a {beam}-row and a {16 * beam}-row decoding"
+    why = f"{why} for a {beam}-row and a {16 * beam}-row decoding; measured in {time.perf_counter() - t0:.1f} s"
     save_cached(entry, dict(choice=name, seconds=seconds, why=why))
     return Choice(name, seconds, why)
 

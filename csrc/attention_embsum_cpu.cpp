@@ -8,6 +8,8 @@
 
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/bmm.h>
 #include <algorithm>
 #include <cmath>
 #include <limits>

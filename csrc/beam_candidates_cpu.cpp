@@ -13,6 +13,7 @@
 #include "common.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/log_softmax.h>
 #include <ATen/record_function.h>
 #include <algorithm>
 #include <cmath>

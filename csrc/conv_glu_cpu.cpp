@@ -10,6 +10,8 @@
 
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/mm.h>
 #include <cmath>
 #include <cstring>
 
@@ -172,7 +174,7 @@ std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tens
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "conv_glu_col2im", [&] {
     col2im<scalar_t>(dcols.data_ptr<scalar_t>(), pad, g, dx.data_ptr<scalar_t>());
   });
-  at::Tensor dres = need_residual_grad ? dout * scale : at::Tensor();
+  at::Tensor dres = need_residual_grad ? dout.mul(scale) : at::Tensor();
   return {dx, dweight, dbias, dres};
 }
 

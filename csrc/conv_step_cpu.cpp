@@ -7,6 +7,7 @@
 // (parents repeat across beams, which makes an in-place update a race).
 
 #include <ATen/Parallel.h>
+#include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <cmath>
 #include <cstring>

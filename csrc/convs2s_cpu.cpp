@@ -1,6 +1,8 @@
 // pybind11 module convs2s_kernels._C: the private entry points of the CPU kernels.
 // The public, validated API is convs2s_kernels.ops; call these only through it.
 
+#include <torch/extension.h>  // pybind11 and the type casters: the only file that parses them
+
 #include "common.h"
 #include "kernels.h"
 #include "kernel_choice.h"

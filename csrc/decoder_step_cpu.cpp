@@ -7,7 +7,11 @@
 // loop's up to nothing but the order of identical operations; except the float32 folded attention,
 // which runs through the few-row kernels and a softmax loop of its own (equal within float rounding).
 
-#include <ATen/ATen.h>
+#include <ATen/ops/baddbmm.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/glu.h>
+#include <ATen/ops/softmax.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
@@ -156,7 +160,7 @@ std::vector<at::Tensor> decoder_layers_step(
   TORCH_CHECK(B * beam == N, "decoder_layers_step: emb_scores is (B, beam, S) with B * beam = N rows");
   const at::Tensor mask = pad_mask.unsqueeze(1);
   const at::Tensor length_scale = src_scale.to(x.scalar_type()).view({-1, 1, 1});
-  const auto acc_type = at::promote_types(x.scalar_type(), at::kFloat);
+  const auto acc_type = c10::promoteTypes(x.scalar_type(), at::kFloat);
 
   std::vector<at::Tensor> residuals{x};
   std::vector<at::Tensor> new_states;
@@ -185,22 +189,22 @@ std::vector<at::Tensor> decoder_layers_step(
       x = att.first;
       res = at::Tensor();  // summed by the attention's loop
       if (need_attn) {
-        const at::Tensor a = att.second / static_cast<double>(L);
-        attn_sum = attn_sum.defined() ? attn_sum + a : a;
+        const at::Tensor a = att.second.div(static_cast<double>(L));
+        attn_sum = attn_sum.defined() ? attn_sum.add(a) : a;
       }
     } else if (z_in[i].has_value()) {  // folded attention (convs2s.decoder.FoldedAttention.step)
       const at::Tensor h = x.view({B, beam, -1});
-      at::Tensor scores = at::baddbmm(emb_scores + z_bias[i]->unsqueeze(1), h, z_in[i]->transpose(1, 2)) * kSqrtHalf;
+      at::Tensor scores = at::baddbmm(emb_scores.add(z_bias[i]->unsqueeze(1)), h, z_in[i]->transpose(1, 2)).mul(kSqrtHalf);
       scores = scores.to(acc_type).masked_fill(mask, -std::numeric_limits<double>::infinity());
       const at::Tensor attn = at::softmax(scores, -1).to(h.scalar_type());
-      const at::Tensor out = (at::bmm(attn * length_scale, *y_out[i]) + *b_out[i] + h) * kSqrtHalf;
+      const at::Tensor out = at::bmm(attn.mul(length_scale), *y_out[i]).add(*b_out[i]).add(h).mul(kSqrtHalf);
       x = out.reshape({N, -1});
       if (need_attn) {
-        const at::Tensor a = attn.reshape({N, -1}) / static_cast<double>(L);
-        attn_sum = attn_sum.defined() ? attn_sum + a : a;
+        const at::Tensor a = attn.reshape({N, -1}).div(static_cast<double>(L));
+        attn_sum = attn_sum.defined() ? attn_sum.add(a) : a;
       }
     }
-    if (res.defined()) x = (x + res) * kSqrtHalf;
+    if (res.defined()) x = x.add(res).mul(kSqrtHalf);
     residuals.push_back(x);
   }
   std::vector<at::Tensor> result{x, attn_sum.defined() ? attn_sum : at::Tensor()};

@@ -7,7 +7,7 @@
 // instruction set the project's kernels run at (kernel_isa(), so CONVS2S_KERNELS_ISA=avx2 caps it).
 
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <c10/util/Exception.h>
 
 #include <atomic>
 #include <chrono>

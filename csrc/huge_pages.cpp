@@ -6,6 +6,8 @@
 // steadier from run to run (bench/results/kernel-decisions.md#huge-pages-streamed-weights).
 
 #include "huge_pages.h"
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 
 #include <cstdint>
 

@@ -1,7 +1,7 @@
 // Tensors on 2 MB transparent huge pages, for weights a decoding step streams from memory.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 namespace convs2s {
 

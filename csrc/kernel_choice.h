@@ -6,7 +6,7 @@
 // shape never measured takes the kernels up to kDefaultFewRows rows.
 #pragma once
 
-#include <torch/extension.h>
+#include <c10/core/ScalarType.h>
 
 #include <optional>
 #include <string>

@@ -2,7 +2,7 @@
 // the one-call decoder step (decoder_step_cpu.cpp) calls the conv step directly.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <vector>
 

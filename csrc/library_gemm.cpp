@@ -12,6 +12,11 @@
 #include "library_gemm.h"
 
 #include <ATen/Context.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/ones.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <optional>

@@ -1,7 +1,7 @@
 // The float32 GEMM that runs where the few-row kernels do not (see library_gemm.cpp).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include "kernel_choice.h"
 

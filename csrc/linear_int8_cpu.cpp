@@ -3,6 +3,8 @@
 // the kernel choice measured for it.
 
 #include "common.h"
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/mm.h>
 #include "kernel_choice.h"
 #include "small_gemm.h"
 

@@ -2,7 +2,6 @@
 // library paths, the choice; linear_w8a8_avx512.cpp: VNNI and AMX; linear_w8a8_avx2.cpp: AVX2).
 #pragma once
 
-#include <ATen/ATen.h>
 #include <cstdint>
 #include <vector>
 

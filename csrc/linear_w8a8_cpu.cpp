@@ -41,6 +41,8 @@
 #include "vec.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/_int_mm.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/record_function.h>
 #include <algorithm>
 #include <cmath>

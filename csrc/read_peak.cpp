@@ -8,7 +8,7 @@
 // The bytes past the last whole line are neither read nor counted.
 
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <chrono>
 #include <cstdint>

@@ -18,6 +18,7 @@
 #include "vec.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/record_function.h>
 #include <algorithm>
 #include <cstdint>

@@ -2,7 +2,7 @@
 // linear_int8 products on them (linear_cpu.cpp, linear_int8_cpu.cpp).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 namespace convs2s {
 

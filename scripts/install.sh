@@ -16,7 +16,7 @@ fi
 # the build files, torch, python, the switches): scripts/test.sh runs this again, and a rebuild
 # costs 4-12 minutes on 2 cores.
 fingerprint=$( { cat csrc/* setup.py pyproject.toml; "$PY" -c "import sys, torch; print(sys.version, sys.prefix, torch.__version__)";
-                 echo "${CONVS2S_KERNELS_SKIP_CPP_BUILD:-}"; } | sha256sum | cut -c1-16)
+                 echo "${CONVS2S_KERNELS_SKIP_CPP_BUILD:-} ${CONVS2S_KERNELS_DEBUG:-}"; } | sha256sum | cut -c1-16)
 stamp=build/install-fingerprint
 if [ "$(cat "$stamp" 2>/dev/null)" = "$fingerprint" ] && "$PY" -I -c "
 import os, sys, convs2s, convs2s_kernels

@@ -22,6 +22,18 @@ if "CONVS2S_TUNE_CACHE" not in os.environ:
     _TUNE_CACHE = tempfile.TemporaryDirectory(prefix="convs2s-tune-")  # removed when the session ends
     os.environ["CONVS2S_TUNE_CACHE"] = _TUNE_CACHE.name
 
+# Under pytest-xdist (scripts/test.sh runs a worker a core) each worker's torch takes its share of
+# the cores, not all of them: two workers of two threads each on two cores would contend.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
+# The interpreter patches triton.language once per launch instead of at every nested helper call
+# (convs2s_kernels.testing.patch_interpreter_once; the kernels compute the same).
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from convs2s_kernels.testing import patch_interpreter_once
+
+    patch_interpreter_once()
+
 # the op tests' shared harness (tests/ops/harness.py) is importable from every test module
 sys.path.insert(0, str(Path(__file__).resolve().parent / "ops"))
 

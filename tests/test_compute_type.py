@@ -2,6 +2,7 @@
 model here, never what a CPU flag says; ``int8`` the fastest int8 variant; cached per machine."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -178,7 +179,10 @@ def test_measured_end_to_end_on_this_machine(model, monkeypatch, backend):
                      for d in map(prepare(model).derived, model.modules()) if d is not None]
     flags_before = flags()
     choice = ct.choose_decoding(model, "auto", beam=2)
-    assert set(choice.seconds) == {"fp32", "bf16"} and all(len(t) == 2 and min(t) > 0 for t in choice.seconds.values())
+    s = choice.seconds
+    assert set(s) == {"fp32", "bf16"} and all(min(t) > 0 for t in s.values())
+    # both shapes timed, unless a candidate was FAR behind on the few-row one (then it keeps that time)
+    assert all(len(t) == 2 or (len(t) == 1 and t[0] > ct.FAR * min(u[0] for u in s.values())) for t in s.values())
     assert choice.name == ct.pick(choice.seconds, ["fp32", "bf16"])[0]
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     assert next(model.parameters()).dtype == torch.float32 and model.backend == f"{backend},reference" \
@@ -228,3 +232,40 @@ def test_a_candidate_far_slower_in_the_first_round_is_timed_once():
     out = ct.time_interleaved({"fast": lambda: run("fast"), "slow": lambda: run("slow")}, rounds=3,
                               clock=lambda: now[0])
     assert order == ["fast", "slow", "fast", "slow", "fast", "fast"] and out == {"fast": 1.0, "slow": 2.5}
+
+
+def test_the_screen_runs_no_larger_shape_for_a_candidate_far_behind_on_the_first():
+    """Issue 58: bf16 emulated in software, 57x behind fp32 on the few-row decoding, is not run on
+    the many-row one (it took 5 minutes there on a Zen 3)."""
+    calls, now = [], [0.0]
+    cost = {("fp32", 0): 1.0, ("bf16", 0): 57.0, ("int8", 0): 3.9, ("fp32", 1): 10.0, ("int8", 1): 50.0}
+
+    def run(name, shape):
+        calls.append((name, shape))
+        now[0] += cost[name, shape]
+
+    out = ct.screen(run, ["fp32", "bf16", "int8"], 2, clock=lambda: now[0])
+    assert out == {"fp32": pytest.approx([1.0, 10.0]), "bf16": pytest.approx([57.0]),
+                   "int8": pytest.approx([3.9, 50.0])}  # int8 within FAR of fp32: run on both
+    assert ("bf16", 1) not in calls and calls.count(("bf16", 0)) == 2  # warm-up and timed, then dropped
+    assert ct.pick(out, ["fp32", "bf16", "int8"])[0] == "fp32"
+
+
+def test_a_lone_survivor_of_the_screen_is_not_timed_again(model, monkeypatch):
+    """With bf16 screened out, fp32 keeps its screen times: no interleaved rounds, no kernel-choice
+    measurement inside the compute type's (the decoding measures its own when it runs)."""
+    runs = []
+    real = ct.generate
+
+    def counting(*a, **kw):
+        runs.append(next(a[0].parameters()).dtype)
+        if runs[-1] == torch.bfloat16:
+            time.sleep(0.2)  # far behind fp32's few milliseconds on this tiny model
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ct, "generate", counting)
+    seconds = ct.measure_decoding(model, ["fp32", "bf16"], beam=2)
+    assert len(seconds["fp32"]) == 2 and len(seconds["bf16"]) == 1
+    assert runs.count(torch.float32) == 4 and runs.count(torch.bfloat16) == 2  # warm-up + timed per shape
+    choice = ct.choose_decoding(model, "auto", beam=2, measure=lambda *a, **k: seconds)
+    assert choice.name == "fp32" and "measured in" in choice.why

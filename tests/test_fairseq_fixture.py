@@ -9,6 +9,7 @@ of a small model against the reference in the interpreter).
 """
 
 import argparse
+import contextlib
 import json
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 import convs2s
 import convs2s_kernels as ck
 from convs2s.engine import prepare
+from convs2s_kernels.testing import wide_step_tiles
 
 
 def load_fixture_model(fixture_dir):
@@ -35,6 +37,15 @@ def read_ids(path):
 BACKENDS = [b for b, why in ck.available_backends().items() if why is None]
 INTERPRETED = "triton" in BACKENDS and not torch.cuda.is_available()
 TOO_SLOW = pytest.mark.skip(reason="minutes in the Triton interpreter; runs on GPUs (see the module docstring)")
+
+
+def wide_interpreter_tiles(backend: str, model):
+    """In the interpreter, the step kernels with tiles as wide as the model's layers (256 channels):
+    the same arithmetic in an eighth of the programs, each walking an eighth of the chunks
+    (tests/ops/ cross the narrow tiles' boundaries)."""
+    if backend != "triton" or not INTERPRETED:
+        return contextlib.nullcontext()
+    return wide_step_tiles(model.decoder.embed_tokens.embedding_dim)
 
 
 def backend_params(heavy: bool):
@@ -63,7 +74,7 @@ def test_incremental_reproduces_fairseq_logits(fixture_dir, backend, fold):
     model = load_fixture_model(fixture_dir).use_backend(backend)
     fw = torch.load(fixture_dir / "forward.pt", weights_only=True)
     prev = fw["prev_output_tokens"]
-    with torch.no_grad():
+    with torch.no_grad(), wide_interpreter_tiles(backend, model):
         state = prepare(model).init_decoder_state(prepare(model).encode(fw["src_tokens"]), fold_attention=fold)
         steps = [prepare(model).decode_step(prev[:, t], state)[0] for t in range(prev.shape[1])]
     inc = torch.stack(steps, 1)

@@ -211,3 +211,26 @@ def test_no_function_is_60_lines_or_longer():
                 if lines >= MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "split these by job:\n" + "\n".join(long)
+
+
+# PyTorch's umbrella headers: torch/extension.h alone took 36 s a file at -O3 on a Zen 3 (the
+# whole C++ frontend and pybind11), ATen/ATen.h 10 s (every operator); ATen/core/Tensor.h 2.6 s.
+UMBRELLA_HEADERS = re.compile(r'#include\s*<(torch/extension\.h|torch/all\.h|torch/torch\.h|ATen/ATen\.h|'
+                              r'ATen/Functions\.h|ATen/TensorOperators\.h)>')
+BINDING = "convs2s_cpu.cpp"
+
+
+def umbrella_includes(files):
+    return sorted(f.name for f in files if UMBRELLA_HEADERS.search(f.read_text()))
+
+
+def test_only_the_binding_file_parses_torchs_umbrella_headers():
+    """Issue 58: the kernels' files include ATen's Tensor class and the operators they call, and
+    the pybind11 module alone includes torch/extension.h: each file parses torch once, not 20 times."""
+    assert umbrella_includes((REPO / "csrc").glob("*.[ch]*")) == [BINDING]
+
+
+def test_the_umbrella_header_check_can_fail(tmp_path):
+    (tmp_path / "k.cpp").write_text("#include <ATen/ATen.h>\n")
+    (tmp_path / "h.h").write_text("#include <ATen/core/Tensor.h>\n")
+    assert umbrella_includes(tmp_path.glob("*")) == ["k.cpp"]

@@ -189,3 +189,17 @@ def test_the_memory_limit_includes_a_prefetching_streaming_read(monkeypatch):
     assert roofline.LimitSampler(1).sample()[0] == 1e6
     monkeypatch.setattr(roofline, "read_probe_gbps", lambda src, repeats=1: 0.0)
     assert 0 < roofline.copy_peak_gbps(megabytes=1, repeats=1) < 1e6
+
+
+def test_a_library_int8_product_far_below_the_kernels_is_not_timed_at_full_size(monkeypatch):
+    """Issue 58: ATen's int8 GEMM without VNNI ran at 1 GOP/s on a Zen 3 (100 s at 2048^3) where
+    the project's kernels set the peak; its probe says so and the full size is skipped."""
+    import torch
+
+    sizes, real = [], torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: sizes.append(a.shape[0]) or real(a, b))
+    probe = roofline.int8_library_gops(n=512, repeats=1, below=1e12)
+    assert probe > 0 and set(sizes) == {roofline.LIBRARY_PROBE}
+    sizes.clear()
+    assert roofline.int8_library_gops(n=512, repeats=1, below=0.0) > 0
+    assert set(sizes) == {roofline.LIBRARY_PROBE, 512}  # within reach of the peak: timed at full size

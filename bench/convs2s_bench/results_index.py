@@ -17,7 +17,8 @@ from typing import Dict, List, Optional, Tuple
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 REPO = RESULTS.parent.parent
 MARKERS = {"main-job": ("<!-- main-job table:", "<!-- end of main-job table -->"),
-           "durations": ("<!-- durations table:", "<!-- end of durations table -->")}
+           "durations": ("<!-- durations table:", "<!-- end of durations table -->"),
+           "slowest-tests": ("<!-- slowest tests:", "<!-- end of slowest tests -->")}
 
 
 def load_index(results: Path = RESULTS) -> dict:
@@ -66,6 +67,29 @@ def main_job_table(index: Optional[dict] = None, results: Path = RESULTS) -> str
     return "\n".join(lines)
 
 
+def _minutes(run: Optional[dict]) -> str:
+    return "-" if not run else f"{run['wall_s'] / 60:.1f}"
+
+
+def recorded_cells(row: dict) -> Tuple[str, str, str, str]:
+    """The install, main-job, test-suite and source cells of a row ``convs2s_bench.durations`` recorded."""
+    first, second = row.get("main_job_first"), row.get("main_job_second")
+    main_job = _minutes(second or first)
+    if first and second:
+        main_job += f" (first run {_minutes(first)})"
+    elif first:
+        main_job += " (first run)"
+    tests = row.get("tests")
+    tests_cell = _minutes(tests)
+    if tests and "tests" in tests:
+        t = tests["tests"]
+        tests_cell += f" ({t['passed']:,} passed, {t['skipped']} skipped, {t['failed']} failed; " \
+                      f"{tests['cpu_s'] / 60:.1f} CPU-min)"
+    commits = sorted({r["commit"] for r in (row.get(k) for k in ("install", "main_job_first", "main_job_second",
+                                                                   "tests")) if r})
+    return _minutes(row.get("install")), main_job, tests_cell, f"recorded (`convs2s_bench.durations`) at {', '.join(commits)}"
+
+
 def durations_table(index: Optional[dict] = None, results: Path = RESULTS) -> str:
     index = index or load_index(results)
     lines = ["| machine | measured | `install.sh` (min) | main job (min) | `test.sh` (min) | source |",
@@ -73,6 +97,22 @@ def durations_table(index: Optional[dict] = None, results: Path = RESULTS) -> st
     for e in index["durations"]:
         lines.append(f"| {e['machine']} | {e['measured']} | {e['install_min']} | {e['main_job_min']} | "
                      f"{e['tests_min']} | {e['source']} |")
+    for row in index.get("recorded", []):
+        lines.append(f"| {row['machine']} | {row['measured']} | " + " | ".join(recorded_cells(row)) + " |")
+    return "\n".join(lines)
+
+
+def slowest_tests_table(index: Optional[dict] = None, results: Path = RESULTS) -> str:
+    """The slowest tests of each machine's newest recorded test-suite run."""
+    index = index or load_index(results)
+    newest: Dict[str, dict] = {}
+    for row in index.get("recorded", []):
+        if row.get("tests", {}).get("tests"):
+            newest[row["machine"]] = row
+    lines = ["| machine | measured | test | seconds |", "|---|---|---|---|"]
+    for machine, row in newest.items():
+        for name, secs in row["tests"]["tests"]["slowest"]:
+            lines.append(f"| {machine} | {row['measured']} | `{name}` | {secs:.1f} |")
     return "\n".join(lines)
 
 
@@ -89,7 +129,8 @@ def replace_quoted(text: str, which: str, table: str) -> str:
                   lambda m: m.group(1) + table + "\n" + m.group(3), text, flags=re.S)
 
 
-TARGETS = {"main-job": (REPO / "README.md", main_job_table), "durations": (RESULTS / "README.md", durations_table)}
+TARGETS = {"main-job": (REPO / "README.md", main_job_table), "durations": (RESULTS / "README.md", durations_table),
+           "slowest-tests": (RESULTS / "README.md", slowest_tests_table)}
 
 
 def main(argv=None) -> int:

@@ -19,8 +19,10 @@ from .report import (STALE_MESSAGE, format_table, row_key, stale_modules, summar
                      write_report)
 
 
-def ci(report_path: Path, n_jobs: int, modules: Sequence[str]) -> int:
-    """CI: the subset against a current report, or the whole matrix of stale modules (and fail)."""
+def ci(report_path: Path, n_jobs: int, modules: Sequence[str], dtypes: Sequence[str] = DTYPES,
+       targets: Sequence[str] = TARGETS) -> int:
+    """CI: the subset against a current report, or the matrix of stale modules (and fail): the
+    whole of it unless ``dtypes``/``targets`` narrow what is compiled to show."""
     report = json.loads(report_path.read_text()) if report_path.exists() else None
     stale = stale_modules(report, modules)
     status = 0
@@ -30,7 +32,7 @@ def ci(report_path: Path, n_jobs: int, modules: Sequence[str]) -> int:
                if report.get("triton") != triton_version() else
                "sources changed since the report: " + ", ".join(stale))
         print(f"{why}; compiling their whole matrix", file=sys.stderr)
-        rows = run_jobs(build_jobs(stale, DTYPES, TARGETS), n_jobs)
+        rows = run_jobs(build_jobs(stale, dtypes, targets), n_jobs)
         print(format_table(rows))
         print(summarize(rows))
         for line in unusable(rows):
@@ -122,7 +124,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report_path = Path(args.report)
     t0 = time.perf_counter()
     if args.ci:
-        status = ci(report_path, args.jobs, modules)
+        status = ci(report_path, args.jobs, modules, dtypes, targets)
         print(f"gpu_check --ci: {time.perf_counter() - t0:.0f} s, {'ok' if status == 0 else 'FAILED'}")
         return status
     if args.write_report and (set(targets) != set(TARGETS) or set(dtypes) != set(DTYPES) or args.subset):
