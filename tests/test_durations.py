@@ -53,8 +53,10 @@ def test_the_command_is_timed_and_a_failure_is_not_recorded(monkeypatch, tmp_pat
     saved = []
     monkeypatch.setattr(du, "_save", saved.append)
     monkeypatch.setattr(du, "load_index", lambda: {"durations": [], "main_job": []})
+    monkeypatch.setattr(du, "write_tables", lambda index: saved.append(("tables", index)))
     assert du.main(["run", "install", "--", sys.executable, "-c", "import time; time.sleep(0.2)"]) == 0
     row = saved[0]["recorded"][0]
     assert row["install"]["wall_s"] >= 0.2 and row["install"]["rc"] == 0
+    assert saved[1] == ("tables", saved[0])  # the READMEs rendered from the data just saved
     assert du.main(["run", "tests", "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3
-    assert len(saved) == 1
+    assert len(saved) == 2

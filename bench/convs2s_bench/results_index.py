@@ -133,19 +133,29 @@ TARGETS = {"main-job": (REPO / "README.md", main_job_table), "durations": (RESUL
            "slowest-tests": (RESULTS / "README.md", slowest_tests_table)}
 
 
+def write_tables(index: Optional[dict] = None, show=None) -> None:
+    """Put each table between its markers in its README (``show``: called with each table)."""
+    index = index or load_index()
+    for which, (path, make) in TARGETS.items():
+        table = make(index)
+        if show:
+            show(table + "\n")
+        text = path.read_text()
+        if quoted(text, which) is None:
+            raise SystemExit(f"{path} has no {which} markers")
+        path.write_text(replace_quoted(text, which, table))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="update the tables in the READMEs")
     args = parser.parse_args(argv)
     index = load_index()
-    for which, (path, make) in TARGETS.items():
-        table = make(index)
-        print(table + "\n")
-        if args.write:
-            text = path.read_text()
-            if quoted(text, which) is None:
-                raise SystemExit(f"{path} has no {which} markers")
-            path.write_text(replace_quoted(text, which, table))
+    if args.write:
+        write_tables(index, show=print)
+        return 0
+    for _, make in TARGETS.values():
+        print(make(index) + "\n")
     return 0
 
 
