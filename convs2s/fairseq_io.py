@@ -50,6 +50,13 @@ def read_checkpoint(path: PathLike, trust_pickle: bool = False) -> Dict[str, Any
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     not_a_checkpoint = f"{path} is not a readable PyTorch checkpoint (corrupt or truncated, or another kind of file?)"
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        raise CheckpointError(f"{path} is empty, not a PyTorch checkpoint")
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # torch.save writes a zip, or a pickle (old format)
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint: it is neither a zip archive nor a pickle "
+                              f"(it starts with {head!r}: a text file, an HTML page, another format?)")
     if trust_pickle:
         warnings.warn(f"loading {path} with the full unpickler: a malicious file can run code", stacklevel=3)
         try:
@@ -60,7 +67,7 @@ def read_checkpoint(path: PathLike, trust_pickle: bool = False) -> Dict[str, Any
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = _cause(exc)
         if "global" not in str(exc).lower():  # not a disallowed class: not a pickle the loader understands
             raise CheckpointError(f"{not_a_checkpoint}: {first}") from None
         raise CheckpointError(
@@ -69,6 +76,19 @@ def read_checkpoint(path: PathLike, trust_pickle: bool = False) -> Dict[str, Any
         ) from None
     except (RuntimeError, EOFError, OSError, IndexError, KeyError, ValueError) as exc:  # a text file: IndexError
         raise CheckpointError(f"{not_a_checkpoint}: {exc}") from None
+
+
+def _cause(exc: Exception) -> str:
+    """What the safe loader said was wrong, without PyTorch's advice to load the file unsafely
+    (its message names ``weights_only=False``: the advice the safe loader exists to withhold)."""
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        return text.split(marker, 1)[1].strip().splitlines()[0]
+    first = text.splitlines()[0] if text else ""
+    if not first or "weights_only" in text or "arbitrary code" in text:
+        return type(exc).__name__
+    return first
 
 
 def _as_dict(obj) -> Dict[str, Any]:
