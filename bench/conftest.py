@@ -16,10 +16,9 @@ if SMOKE:  # the smoke run times nothing: no kernel-choice measuring either (sha
 
 import convs2s_kernels as ck  # noqa: E402
 
-if os.environ.get("TRITON_INTERPRET") == "1":  # as tests/conftest.py: triton.language patched once a process
-    from convs2s_kernels.testing import patch_interpreter_once  # noqa: E402
+from convs2s_kernels.testing import patch_interpreter_once  # noqa: E402
 
-    patch_interpreter_once()
+patch_interpreter_once()  # as tests/conftest.py: under the interpreter, triton.language patched once a process
 from convs2s_kernels.env import machine_description  # noqa: E402
 from convs2s_kernels.testing import REQUIRE_ENV, required_backends  # noqa: E402
 

@@ -60,10 +60,12 @@ def patch_interpreter_once() -> None:
     of the interpreter tests' time, most of it in the search kernels' small launches). The patches
     bind each builtin to the interpreter's semantics and carry no state of a launch, so keeping
     them computes the same; modules a kernel's globals name that were not patched yet are patched
-    then. For processes that run Triton only interpreted (the test suites). Idempotent; a no-op
-    where the interpreter lacks these internals."""
+    then. Only where ``TRITON_INTERPRET=1`` (then Triton runs only interpreted). Idempotent; a no-op
+    elsewhere and where the interpreter lacks these internals."""
     import inspect
 
+    if os.environ.get("TRITON_INTERPRET") != "1":  # compiled Triton must keep the real language
+        return
     try:
         import triton.language as tl
         from triton.runtime import interpreter as ti

@@ -6,8 +6,7 @@ bash scripts/install.sh
 PY=${PYTHON:-python3}
 # benchmarks as a smoke test (no timing), then the test suite, each on every core: pytest-xdist, one
 # worker a core, each worker's torch on one thread (tests/conftest.py), tests dealt out as workers
-# free up (the interpreter's long tests first, where their file lists them). CONVS2S_TEST_WORKERS=0
-# runs in this process. tests/test_gpu_check.py runs `python3 -m convs2s_kernels.gpu_check --ci`:
+# free up (--dist worksteal). CONVS2S_TEST_WORKERS=0 runs in this process. tests/test_gpu_check.py runs `python3 -m convs2s_kernels.gpu_check --ci`:
 # the committed report of every Triton config for sm_80/sm_90 checked, a fixed subset recompiled
 # on this CPU (~10 s while the kernels' sources match the report; a stale report fails).
 # CONVS2S_TEST_REPORTS=DIR writes JUnit reports there (convs2s_bench.durations reads them).

@@ -27,12 +27,11 @@ if "CONVS2S_TUNE_CACHE" not in os.environ:
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
-# The interpreter patches triton.language once per launch instead of at every nested helper call
-# (convs2s_kernels.testing.patch_interpreter_once; the kernels compute the same).
-if os.environ.get("TRITON_INTERPRET") == "1":
-    from convs2s_kernels.testing import patch_interpreter_once
+# Under the interpreter, triton.language is patched once a process, not at every launch and nested
+# helper call (convs2s_kernels.testing.patch_interpreter_once; the kernels compute the same).
+from convs2s_kernels.testing import patch_interpreter_once  # noqa: E402
 
-    patch_interpreter_once()
+patch_interpreter_once()
 
 # the op tests' shared harness (tests/ops/harness.py) is importable from every test module
 sys.path.insert(0, str(Path(__file__).resolve().parent / "ops"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import resource
@@ -28,29 +29,19 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from convs2s_kernels.atomic_files import atomic_write_text
+from convs2s_kernels.env import CAP_VARIABLES, cpuinfo_field
+
 from .results_index import RESULTS, load_index, write_tables
 
 WHATS = ("install", "main-job", "tests")
 SLOWEST = 15  # tests listed per run
-AVX2_CAPS = ("ONEDNN_MAX_CPU_ISA", "CONVS2S_KERNELS_ISA", "ATEN_CPU_CAPABILITY")
-
-
-def _cpuinfo() -> Dict[str, str]:
-    info: Dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if not line.strip():
-                break  # the first processor is enough
-            info.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return info
 
 
 def machine_label(info: Optional[Dict[str, str]] = None, env=os.environ, cores: Optional[int] = None) -> str:
     """The machine as the durations table names it: "AMD EPYC Zen 3, AVX2 only (2 cores)"."""
-    info = _cpuinfo() if info is None else info
+    if info is None:
+        info = {k: cpuinfo_field(k) or "" for k in ("vendor_id", "cpu family", "flags", "model name")}
     flags = set(info.get("flags", "").split())
     cores = cores or os.cpu_count() or 1
     vendor, family = info.get("vendor_id", ""), int(info.get("cpu family", "0") or 0)
@@ -61,7 +52,7 @@ def machine_label(info: Optional[Dict[str, str]] = None, env=os.environ, cores: 
         name = "Intel Xeon, AMX" if "amx_tile" in flags else "Intel Xeon"
     else:
         name = info.get("model name") or platform.processor() or "unknown CPU"
-    capped = any(env.get(v, "").lower() == "avx2" for v in AVX2_CAPS)
+    capped = any(env.get(v, "").lower() == "avx2" for v in CAP_VARIABLES)
     if capped:
         name += ", capped at AVX2"
     elif "avx512f" not in flags and "avx2" in flags:
@@ -123,12 +114,7 @@ def record(index: dict, what: str, result: Dict[str, object], machine: str, date
 
 
 def _save(index: dict) -> None:
-    import json
-
-    path = RESULTS / "index.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(index, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(RESULTS / "index.json", json.dumps(index, indent=1) + "\n")
 
 
 def main(argv=None) -> int:

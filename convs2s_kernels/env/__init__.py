@@ -23,7 +23,7 @@ _ONEDNN_ISA_ORDER = ["SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512
 CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", KERNELS_ISA_ENV)
 
 
-def _cpuinfo(field: str) -> Optional[str]:
+def cpuinfo_field(field: str) -> Optional[str]:
     """The first ``field`` line of ``/proc/cpuinfo``, None where there is none."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -37,7 +37,7 @@ def _cpuinfo(field: str) -> Optional[str]:
 
 def cpu_flags() -> List[str]:
     """The instruction-set flags this CPU reports (``/proc/cpuinfo``), empty where unreadable."""
-    return (_cpuinfo("flags") or "").split()
+    return (cpuinfo_field("flags") or "").split()
 
 
 def isa_caps() -> Dict[str, str]:
@@ -138,4 +138,4 @@ def active_allocator() -> str:
 
 
 def cpu_model() -> str:
-    return _cpuinfo("model name") or platform.processor() or platform.machine()
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
