@@ -197,49 +197,79 @@ def _copy_for(model, variant: Variant):
 FAR = 4.0  # a candidate this many times behind the best on a shape is not run on the larger ones
 
 
-def screen(run: Callable[[str, int], object], names: Sequence[str], shapes: int,
+def screen(run: Callable[[str, int, Optional[float]], object], names: Sequence[str], shapes: int,
            clock: Callable[[], float] = time.perf_counter) -> Dict[str, List[float]]:
-    """One untimed and one timed ``run(name, shape)`` per candidate and shape, shapes in order
-    (the cheapest first); a candidate ``FAR`` times behind the best on a shape keeps the times it
-    has and is not run on the later ones: bf16 emulated in software, 57x behind fp32 on the
-    few-row decoding, would take minutes on the many-row one."""
+    """One untimed and one timed ``run(name, shape, deadline)`` per candidate and shape, shapes in
+    order (the cheapest first). A candidate after the first on a shape runs with a deadline,
+    ``FAR`` times the best time so far after each run's start (``run`` stops there, and its time is
+    then at least that: bf16 emulated in software, 20x behind fp32 on the few-row decoding, costs
+    4x fp32's time, not 20 seconds); one ``FAR`` times behind keeps the times it has and is not
+    run on the later shapes, and once one candidate is left, nothing more is run (there is
+    nothing to choose)."""
     times: Dict[str, List[float]] = {n: [] for n in names}
     live = list(names)
     for shape in range(shapes):
+        if len(live) == 1 and shape:
+            break
+        best = None
         for n in live:
-            run(n, shape)
+            limit = None if best is None else FAR * best
+            run(n, shape, None if limit is None else clock() + limit)
             t0 = clock()
-            run(n, shape)
+            run(n, shape, None if limit is None else t0 + limit)
             times[n].append(clock() - t0)
-        best = min(times[n][shape] for n in live)
+            best = times[n][shape] if best is None else min(best, times[n][shape])
         live = [n for n in live if times[n][shape] <= FAR * best]
     return times
+
+
+class _PastDeadline(Exception):
+    """A screened decoding past its deadline (:func:`screen`): stopped at the next step."""
 
 
 def measure_decoding(model, names: Sequence[str], *, beam: int = 5, fold_attention: bool = True,
                      rounds: int = 3) -> Dict[str, List[float]]:
     """Each variant's time (seconds) to decode the few-row and the many-row workload with
     ``model`` (copied per variant, the caller's untouched). First a :func:`screen` at the default
-    kernel choice, measuring none (a candidate far behind at the few-row shape is not run at the
-    many-row one); the candidates within ``SCREEN`` of the best on every shape are then timed
-    interleaved, each measuring its kernel choice first. The others keep their screen times; a
-    lone survivor is not timed again (there is nothing to choose)."""
+    kernel choice, measuring none (a candidate far behind at the few-row shape is stopped there
+    and not run at the many-row one); the candidates screened on every shape and within
+    ``SCREEN`` of the best are then timed interleaved, each measuring its kernel choice first.
+    The others keep their screen times; a lone survivor is not timed again (there is nothing to
+    choose) and keeps the few-row time alone."""
     work = _decode_workload(model, beam)
     models = {n: apply_variant(_copy_for(model, VARIANTS[n]), n) for n in names}
 
-    def run(name: str, shape: int) -> None:
+    def run(name: str, shape: int, deadline: Optional[float] = None) -> None:
         sources, steps = work[shape]
-        generate(models[name], sources, beam=beam, batch_size=len(sources), max_len_b=steps + 2,
-                 fold_attention=fold_attention, observer=Observer(forced_length=[steps] * len(sources)))
+        first = (name, shape) not in ran
+        ran.add((name, shape))
+        if first and deadline is not None:
+            # a warm-up under a deadline pays the one-off costs (the variant's weights, the step's
+            # code) on one word and one step: an encoding is what a deadline cannot stop (9 s of
+            # emulated bf16 on a Zen 3), and a timing it leaves colder is only screened by, never chosen by
+            sources, steps = [sources[0][:1]], 1
 
+        def on_step(step: int) -> None:  # a warm-up always does its first step: its one-off costs are its purpose
+            if deadline is not None and (step >= 0 or not first) and time.perf_counter() > deadline:
+                raise _PastDeadline
+
+        try:
+            generate(models[name], sources, beam=beam, batch_size=len(sources), max_len_b=steps + 2,
+                     fold_attention=fold_attention,
+                     observer=Observer(forced_length=[steps] * len(sources), on_step=on_step))
+        except _PastDeadline:
+            pass
+
+    ran: set = set()
     with torch.no_grad():  # as generate runs
         with tune.measuring(False):
             out = screen(run, names, len(work))
-        complete = [n for n in names if len(out[n]) == len(work)]
-        best = [min(out[n][i] for n in complete) for i in range(len(work))]
+        screened = max(len(t) for t in out.values())
+        complete = [n for n in names if len(out[n]) == screened]
+        best = [min(out[n][i] for n in complete) for i in range(screened)]
         live = [n for n in complete if statistics.geometric_mean([t / b for t, b in zip(out[n], best)]) <= SCREEN]
         if len(live) > 1:
-            for shape in range(len(work)):
+            for shape in range(screened):
                 medians = time_interleaved({n: (lambda n=n, shape=shape: run(n, shape)) for n in live}, rounds)
                 for n in live:
                     out[n][shape] = medians[n]
@@ -292,7 +322,8 @@ def choose_decoding(model, compute_type: str = "auto", *, beam: int = 5, fold_at
     t0 = time.perf_counter()
     seconds = (measure or measure_decoding)(model, names, beam=beam, fold_attention=fold_attention)
     name, why = pick(seconds, names)
-    why = f"{why} for a {beam}-row and a {16 * beam}-row decoding; measured in {time.perf_counter() - t0:.1f} s"
+    rows = " and a ".join(f"{r}-row" for r in (beam, 16 * beam)[:max(len(t) for t in seconds.values())])
+    why = f"{why} for a {rows} decoding; measured in {time.perf_counter() - t0:.1f} s"
     save_cached(entry, dict(choice=name, seconds=seconds, why=why))
     return Choice(name, seconds, why)
 

@@ -234,38 +234,52 @@ def test_a_candidate_far_slower_in_the_first_round_is_timed_once():
     assert order == ["fast", "slow", "fast", "slow", "fast", "fast"] and out == {"fast": 1.0, "slow": 2.5}
 
 
-def test_the_screen_runs_no_larger_shape_for_a_candidate_far_behind_on_the_first():
-    """Issue 58: bf16 emulated in software, 57x behind fp32 on the few-row decoding, is not run on
-    the many-row one (it took 5 minutes there on a Zen 3)."""
+def test_the_screen_stops_a_candidate_far_behind_and_runs_no_larger_shape_for_it():
+    """Issue 58: bf16 emulated in software, 20-57x behind fp32 on the few-row decoding, costs FAR
+    times fp32's time there (its runs stop at the deadline) and is not run on the many-row one
+    (it took 5 minutes there on a Zen 3)."""
     calls, now = [], [0.0]
     cost = {("fp32", 0): 1.0, ("bf16", 0): 57.0, ("int8", 0): 3.9, ("fp32", 1): 10.0, ("int8", 1): 50.0}
+    spent = {}
 
-    def run(name, shape):
+    def run(name, shape, deadline):
         calls.append((name, shape))
-        now[0] += cost[name, shape]
+        start = now[0]
+        now[0] = start + cost[name, shape]
+        if deadline is not None and now[0] > deadline:  # stopped at the next step past it
+            now[0] = deadline + 0.01
+        spent[name] = spent.get(name, 0.0) + now[0] - start
 
     out = ct.screen(run, ["fp32", "bf16", "int8"], 2, clock=lambda: now[0])
-    assert out == {"fp32": pytest.approx([1.0, 10.0]), "bf16": pytest.approx([57.0]),
-                   "int8": pytest.approx([3.9, 50.0])}  # int8 within FAR of fp32: run on both
+    assert out == {"fp32": pytest.approx([1.0, 10.0]), "bf16": pytest.approx([ct.FAR + 0.01]),
+                   "int8": pytest.approx([3.9, 10.0 * ct.FAR + 0.01])}  # int8 within FAR on the first: stopped on the second
     assert ("bf16", 1) not in calls and calls.count(("bf16", 0)) == 2  # warm-up and timed, then dropped
+    assert spent["bf16"] <= 2 * (ct.FAR * 1.0 + 0.01)  # 8 s of clock, not 114
     assert ct.pick(out, ["fp32", "bf16", "int8"])[0] == "fp32"
+    calls.clear()
+    out = ct.screen(run, ["fp32", "bf16"], 2, clock=lambda: now[0])
+    assert out == {"fp32": pytest.approx([1.0]), "bf16": pytest.approx([ct.FAR + 0.01])}
+    assert all(shape == 0 for _, shape in calls)  # a lone survivor: nothing left to choose, nothing more run
 
 
 def test_a_lone_survivor_of_the_screen_is_not_timed_again(model, monkeypatch):
-    """With bf16 screened out, fp32 keeps its screen times: no interleaved rounds, no kernel-choice
-    measurement inside the compute type's (the decoding measures its own when it runs)."""
+    """With bf16 screened out on the few-row decoding, fp32 keeps its screen time: no many-row
+    decoding, no interleaved rounds, no kernel-choice measurement inside the compute type's (the
+    decoding measures its own when it runs); bf16's warm-up, under a deadline, decodes one word
+    one step (an encoding cannot be stopped), its timed run the whole workload until the deadline."""
     runs = []
     real = ct.generate
 
     def counting(*a, **kw):
-        runs.append(next(a[0].parameters()).dtype)
-        if runs[-1] == torch.bfloat16:
+        runs.append((next(a[0].parameters()).dtype, [len(s) for s in a[1]]))
+        if runs[-1][0] == torch.bfloat16:
             time.sleep(0.2)  # far behind fp32's few milliseconds on this tiny model
         return real(*a, **kw)
 
     monkeypatch.setattr(ct, "generate", counting)
     seconds = ct.measure_decoding(model, ["fp32", "bf16"], beam=2)
-    assert len(seconds["fp32"]) == 2 and len(seconds["bf16"]) == 1
-    assert runs.count(torch.float32) == 4 and runs.count(torch.bfloat16) == 2  # warm-up + timed per shape
+    assert len(seconds["fp32"]) == 1 and len(seconds["bf16"]) == 1 and seconds["bf16"][0] >= 0.2
+    full = [len(s) for s in ct._decode_workload(model, 2)[0][0]]
+    assert runs == [(torch.float32, full), (torch.float32, full), (torch.bfloat16, [1]), (torch.bfloat16, full)]
     choice = ct.choose_decoding(model, "auto", beam=2, measure=lambda *a, **k: seconds)
-    assert choice.name == "fp32" and "measured in" in choice.why
+    assert choice.name == "fp32" and "for a 2-row decoding; measured in" in choice.why

@@ -73,18 +73,27 @@ def test_the_few_row_kernels_are_timed_against_the_faster_gemm_library(fresh, mo
         assert "library" not in timing.measure(shape, buckets=(1,))
         return
     seen = []
-    monkeypatch.setattr(timing, "measure_library", lambda s: {16: (1.0, 2.0), 64: (2.0, 1.0), 256: (3.0, 1.0)})
-    monkeypatch.setattr(timing, "candidates", lambda s, rows, libraries=("blas",): seen.append((rows, libraries)) or
-                        (rows, libraries))
+    pools = []
+    monkeypatch.setattr(timing, "weight_pool", lambda s, rows, seed: pools.append(rows) or ("pool", rows))
+    monkeypatch.setattr(timing, "measure_library", lambda s, operands: operands == ("pool", 256) and
+                        {16: (1.0, 2.0), 64: (2.0, 1.0), 256: (3.0, 1.0)})
+
+    def fake_candidates(s, rows, libraries=("blas",), operands=None):
+        assert operands == ("pool", 256)  # the one pool, rows enough for every bucket and the libraries
+        seen.append((rows, libraries))
+        return rows, libraries
+    monkeypatch.setattr(timing, "candidates", fake_candidates)
 
     def fake_time_pair(call, **kw):  # the kernel wins to 48 rows; oneDNN 1.5, ATen 1.8 (1.2 at 64 rows)
         rows, libraries = call
         gemm = {"onednn": 1.5, "blas": 1.2 if rows == 64 else 1.8}
         return [1.0 if rows <= 48 else 2.0] + [gemm[lib] for lib in libraries]
     monkeypatch.setattr(timing, "time_pair", fake_time_pair)
-    entry = timing.measure(shape)
+    buckets = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)  # finer than the default: a bucket at 48 and one at 64
+    entry = timing.measure(shape, buckets)
+    assert pools == [256]  # the weight's cold copies are made once for the whole measurement
     # oneDNN's range (past 32 rows) is timed against ATen's too: the faster is each bucket's GEMM
-    assert seen == [(r, ("blas",) if r <= 32 else ("onednn", "blas")) for r in timing.ROW_BUCKETS]
+    assert seen == [(r, ("blas",) if r <= 32 else ("onednn", "blas")) for r in buckets]
     assert entry["library"] == {"16": [1e6, 2e6], "64": [2e6, 1e6], "256": [3e6, 1e6]}
     assert entry["gemm_at"]["48"] == "onednn" and entry["gemm_at"]["64"] == "blas"
     assert entry["timings"]["64"] == [2e6, 1.2e6]
@@ -119,7 +128,8 @@ def test_w8a8_against_the_reducing_kernel_is_measured_at_every_bucket(monkeypatc
 
     monkeypatch.setattr(timing, "native", lambda: FakeExtension())
     # time_pair gets the row count
-    monkeypatch.setattr(timing, "candidates", lambda shape, rows, libraries=("blas",): rows)
+    monkeypatch.setattr(timing, "weight_pool", lambda shape, rows, seed: None)
+    monkeypatch.setattr(timing, "candidates", lambda shape, rows, libraries=("blas",), operands=None: rows)
     monkeypatch.setattr(timing, "time_pair", lambda rows, **kw: (2.0, 1.0) if rows <= 2 else (1.0, 2.0))
     entry = timing.measure(tune.Shape("w8a8", "int8", 3072, 2048), buckets=(1, 2, 4, 8, 12))
     measured = [int(r) for r in entry["timings"]]
@@ -151,6 +161,42 @@ def test_candidates_are_timed_in_blocks_of_their_own_calls():
     calls.clear()
     timing.time_pair(fns, rounds=5, per_block=2, budget_s=0.0, clock=lambda: now[0])  # out of time
     assert "".join(calls) == ("kkk" + "ggg") * 2  # stops after the second round
+
+
+def test_slow_candidates_are_timed_in_blocks_of_two():
+    """Calls slow enough that two rounds of full blocks would overrun the budget: blocks of two
+    from the call that showed it (a weight streamed from memory takes milliseconds, alike each call)."""
+    now, calls = [0.0], []
+
+    def candidate(name, cost):
+        def call():
+            calls.append(name)
+            now[0] += cost
+        return call
+
+    fns = [candidate("k", 1.0), candidate("g", 3.0)]
+    medians = timing.time_pair(fns, rounds=3, per_block=4, budget_s=50.0, clock=lambda: now[0])
+    # k: 2 rounds x 4 blocks x 1 s = 40 s alone fits; g's first call (2 x 2 x 5 x 3 s = 60 s) does not
+    assert "".join(calls) == "k" * 5 + "g" * 3 + ("k" * 3 + "g" * 3) * 2
+    assert medians == [1.0, 3.0]
+    calls.clear()
+    timing.time_pair(fns, rounds=3, per_block=4, budget_s=1e9, clock=lambda: now[0])  # time enough: blocks of 4
+    assert "".join(calls) == ("k" * 5 + "g" * 5) * 3
+
+
+def test_one_pool_of_cold_copies_serves_every_row_count(fresh):
+    """weight_pool's copies fill the shape's stream, each laid out as the calls read it (form kp:
+    the matrix beside its packing), and candidates on its slices multiply its rows."""
+    shape = tune.Shape("kp", "float32", 48, 40, stream_mb=1)
+    x, pool, b = candidate_calls.weight_pool(shape, 8, 0)
+    assert len(pool) == -(-(1 << 20) // shape.weight_bytes) and x.shape == (8, 48)
+    for w, packed in pool:
+        assert torch.equal(w, pool[0][0]) and torch.equal(packed, pool[0][1]) and w.is_contiguous()
+    assert len({w.data_ptr() for w, _ in pool}) == len(pool)  # copies, not views of one
+    kernel, gemm = candidate_calls.candidates(shape, 3, operands=(x, pool, b))
+    want = torch.addmm(b, x[:3], pool[0][0])
+    for call in (kernel, gemm):
+        torch.testing.assert_close(call(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_ensure_measures_what_is_missing_once_then_reads_the_cache(fresh, monkeypatch):

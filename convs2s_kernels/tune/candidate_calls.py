@@ -11,6 +11,7 @@ from typing import Callable, Sequence, Tuple
 import torch
 
 from ..extension import native, unavailable_reason
+from ..huge_pages import MIN_BYTES
 from .shapes import ACTIVATION_BITS, DTYPES, Shape, library_shape
 
 
@@ -51,11 +52,36 @@ def has_library_choice(shape: Shape) -> bool:
 
 
 def weight_pool(shape: Shape, x_rows: int, seed: int):
-    """``(x, pool, b)``: ``x_rows`` rows, and as many copies of the weight as fill ``stream_mb``."""
+    """``(x, pool, b)``: ``x_rows`` rows, and as many copies of the weight as fill ``stream_mb``,
+    each in the layout the calls read: form kp ``(matrix, packed)``, w8a8 and w7a8 ``(q, scale,
+    packed)``, int8 ``(q, scale)``, else the matrix. Made once per shape and shared by every row
+    count (slices of ``x``) and both timings (libraries, kernel): building the copies, not timing
+    them, was nine tenths of a measurement (bench/results/kernel-decisions.md#tune-one-pool)."""
     x, w, b = _operands(shape, x_rows, torch.Generator().manual_seed(seed))
+    if shape.form in ACTIVATION_BITS:  # the packed layout the decoder hands the kernels
+        from ..ops.linear_w8a8.reference import pack_w8a8_weight
+        w = (*w, pack_w8a8_weight(w[0]))
+    elif shape.form == "kp":  # the conv weight and the packed copy the decoding step reads
+        w = (w, native().pack_kn_weight(w))
     copies = max(1, -(-(shape.stream_mb << 20) // shape.weight_bytes))
-    pool = [w] + [tuple(t.clone() for t in w) if isinstance(w, tuple) else w.clone() for _ in range(copies - 1)]
+    if copies == 1:
+        return x, [w], b
+    pool = list(zip(*(_copies(t, copies) for t in w))) if isinstance(w, tuple) else _copies(w, copies)
     return x, pool, b
+
+
+def _copies(t: torch.Tensor, n: int):
+    """``n`` copies of ``t``, one after the other in one allocation on huge pages where the
+    extension makes them (as the decoding step's weights: convs2s_kernels.huge_pages): one
+    allocation faults its pages in far less time than ``n`` clones."""
+    many = t.unsqueeze(0).expand(n, *t.shape)
+    return list((native().huge_page_copy(many) if t.numel() * t.element_size() * n >= MIN_BYTES
+                 else many.contiguous()).unbind(0))
+
+
+def _matrix(shape: Shape, entry):
+    """The matrix a GEMM multiplies from a pool entry (form kp: the (K, N) matrix beside its packing)."""
+    return entry[0] if shape.form == "kp" else entry
 
 
 def library_candidates(shape: Shape, rows: int, seed: int = 0, operands=None
@@ -66,24 +92,22 @@ def library_candidates(shape: Shape, rows: int, seed: int = 0, operands=None
     C = native()
     x, pool, b = operands or weight_pool(shape, rows, seed)
     x, take, nk = x[:rows], _cycle(pool), shape.form == "nk"
-    return (lambda: C.gemm_with(x, take(), b, nk, "blas"), lambda: C.gemm_with(x, take(), b, nk, "onednn"))
+    return (lambda: C.gemm_with(x, _matrix(shape, take()), b, nk, "blas"),
+            lambda: C.gemm_with(x, _matrix(shape, take()), b, nk, "onednn"))
 
 
-def candidates(shape: Shape, rows: int, seed: int = 0, libraries: Sequence[str] = ("blas",)
+def candidates(shape: Shape, rows: int, seed: int = 0, libraries: Sequence[str] = ("blas",), operands=None
                ) -> Tuple[Callable[[], object], ...]:
     """``(few-row kernel, GEMM, ...)`` for ``rows`` rows of this shape, each a no-argument call (a
     GEMM per name in ``libraries``: ``"blas"``, ATen's, or ``"onednn"``; w8a8 and w7a8: the packed
     int8 kernel on the packed weight, and its alternative: the library's int8 GEMM where its sums
     are exact, else the reducing kernel).
     With ``stream_mb``, each call (of any) multiplies the next of as many copies of the weight as
-    fill it, so that every call reads a weight that the others pushed out of the caches, as in a step."""
+    fill it, so that every call reads a weight that the others pushed out of the caches, as in a step.
+    ``operands``: :func:`weight_pool`'s, made once for several row counts (its first ``rows`` rows)."""
     C = native()
-    x, pool, b = weight_pool(shape, rows, seed)
-    if shape.form in ACTIVATION_BITS:  # the packed layout the decoder hands the kernels, made once per weight
-        from ..ops.linear_w8a8.reference import pack_w8a8_weight
-        pool = [(q, s, pack_w8a8_weight(q)) for q, s in pool]
-    if shape.form == "kp":  # the conv weight and the packed copy the decoding step reads
-        pool = [(w, C.pack_kn_weight(w)) for w in pool]
+    x, pool, b = operands or weight_pool(shape, rows, seed)
+    x = x[:rows]
     # one cycle for all: a GEMM must not read the copy the kernel has just brought into cache
     kernel_w = gemm_w = _cycle(pool)
     if shape.form in ACTIVATION_BITS:
@@ -102,10 +126,9 @@ def candidates(shape: Shape, rows: int, seed: int = 0, libraries: Sequence[str] 
             return torch.addmm(b, x, (q.to(torch.float32) * s.unsqueeze(1)).t())
         return lambda: C.small_gemm_int8(x, *kernel_w(), b), dequantised_gemm
     nk = shape.form == "nk"
-    matrix = (lambda: gemm_w()[0]) if shape.form == "kp" else gemm_w  # kp: the (K, N) matrix beside its packing
 
     def gemm(library: str) -> Callable[[], object]:
-        return lambda: C.gemm_with(x, matrix(), b, nk, library)
+        return lambda: C.gemm_with(x, _matrix(shape, gemm_w()), b, nk, library)
     kernels = {"nk": lambda: C.small_gemm_nk(x, kernel_w(), b),
                "kn": lambda: C.small_gemm_kn(x, kernel_w(), b),
                "kp": lambda: C.small_gemm_kn_packed(x, kernel_w()[1], shape.N, b)}

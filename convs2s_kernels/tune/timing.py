@@ -14,22 +14,28 @@ from .candidate_calls import candidates, has_library_choice, library_candidates,
 from .rules import LIBRARY_ROWS, library_for
 from .shapes import ACTIVATION_BITS, Shape
 
-ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def time_pair(fns: Sequence[Callable[[], object]], rounds: int = 3, per_block: int = 4,
               budget_s: float = 0.5, clock: Callable[[], float] = time.perf_counter) -> List[float]:
     """Median seconds of each function, timed in blocks: each round runs every function
     ``per_block`` times in a row after one untimed call, rounds alternating the functions so that
-    clock and cache drift touch both alike; fewer rounds when calls are slow. In blocks, each
-    call follows calls of its own kind, as in a step that runs one kind throughout: a kernel timed
-    right after the other one's call runs slower than in a step
-    (bench/results/kernel-decisions.md#tune-timing-in-blocks). ``clock``: seconds, for tests."""
+    clock and cache drift touch both alike; fewer rounds when calls are slow, and blocks of two
+    from the first untimed call that says two rounds would overrun ``budget_s`` (a weight
+    streamed from memory takes milliseconds a call, alike call after call: four samples of each
+    decide as well as eight). In blocks, each call follows calls of its own kind, as in a step
+    that runs one kind throughout: a kernel timed right after the other one's call runs slower
+    than in a step (bench/results/kernel-decisions.md#tune-timing-in-blocks). ``clock``:
+    seconds, for tests."""
     samples: List[List[float]] = [[] for _ in fns]
     deadline = clock() + budget_s
     for i in range(rounds):
         for fn, out in zip(fns, samples):
+            t0 = clock()
             fn()  # the first call after the other function carries the switch
+            if i == 0 and per_block > 2 and 2 * len(fns) * (per_block + 1) * (clock() - t0) > budget_s:
+                per_block = 2
             for _ in range(per_block):
                 t0 = clock()
                 fn()
@@ -47,12 +53,14 @@ def stops_after_two_losses(shape: Shape) -> bool:
     return not (shape.form in ACTIVATION_BITS and not native().linear_w8a8_library_exact())
 
 
-def measure_library(shape: Shape, rows_list: Iterable[int] = LIBRARY_ROWS) -> Dict[int, Tuple[float, float]]:
+def measure_library(shape: Shape, rows_list: Iterable[int] = LIBRARY_ROWS, operands=None
+                    ) -> Dict[int, Tuple[float, float]]:
     """``{rows: (ATen's GEMM, oneDNN's) seconds}`` at each row count, in two short rounds (where
     one library wins, it wins by a wide margin: bench/results/kernel-decisions.md#tune-library-rounds);
-    a margin under 10% is timed again with the full rounds (one noisy sample must not decide)."""
+    a margin under 10% is timed again with the full rounds (one noisy sample must not decide).
+    ``operands``: a :func:`weight_pool` with at least the largest row count's rows."""
     rows_list = list(rows_list)
-    operands = weight_pool(shape, max(rows_list), 0)  # one pool of cold copies for every row count
+    operands = operands or weight_pool(shape, max(rows_list), 0)  # one pool of cold copies for every row count
     out: Dict[int, Tuple[float, float]] = {}
     for rows in rows_list:
         fns = library_candidates(shape, rows, operands=operands)
@@ -70,15 +78,19 @@ def measure(shape: Shape, buckets: Iterable[int] = ROW_BUCKETS) -> dict:
     rounds before it counts (one noisy sample must not decide). The entry's ``timings`` hold
     microseconds, kernel then GEMM."""
     cap = native().few_rows_max()
+    buckets = [r for r in buckets if r <= cap]
     stops = stops_after_two_losses(shape)
-    library = measure_library(shape) if has_library_choice(shape) else None
+    with_library = has_library_choice(shape)
+    # one pool of cold copies for the libraries and every bucket (building it costs more than the timing)
+    operands = weight_pool(shape, max([*buckets, *(LIBRARY_ROWS if with_library else ())], default=1), 0)
+    library = measure_library(shape, operands=operands) if with_library else None
     timings: Dict[int, Tuple[float, float]] = {}
     gemm_at: Dict[int, str] = {}  # each bucket's GEMM library
     losses = 0
-    for rows in (r for r in buckets if r <= cap):
+    for rows in buckets:
         # oneDNN's range: ATen's too, so that the bucket's GEMM is never slower than the reference's
         libs = ("onednn", "blas") if library_for(library, rows) == "onednn" else ("blas",)
-        fns = candidates(shape, rows, libraries=libs)
+        fns = candidates(shape, rows, libraries=libs, operands=operands)
         t = time_pair(fns)
         if t[0] > min(t[1:]):
             t = time_pair(fns, rounds=5, budget_s=1.0)

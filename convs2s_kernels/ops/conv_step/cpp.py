@@ -12,6 +12,7 @@ import torch
 
 from ...dispatch import Capability, register
 from ...extension import CPP_DTYPES, native, unavailable_reason
+from .._packing import packed_from
 from .api import conv_step_tensors
 
 CAPABILITY = Capability(dtypes={"cpu": CPP_DTYPES}, backward=False)
@@ -36,7 +37,7 @@ def pack_conv_step_weight(weight: torch.Tensor) -> Optional[torch.Tensor]:
     if weight.dim() != 3:
         raise ValueError(f"pack_conv_step_weight takes a (k, C_in, 2C) conv weight, got {tuple(weight.shape)}")
     with torch.no_grad():
-        return native().pack_kn_weight(weight.detach().reshape(-1, weight.shape[2]))
+        return packed_from(native().pack_kn_weight(weight.detach().reshape(-1, weight.shape[2])), weight)
 
 
 register("cpp", "conv_step", conv_step_cpp, CAPABILITY, conv_step_tensors)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ...dispatch import Capability, register
 from ...extension import native, unavailable_reason
+from .._packing import packed_from
 from .api import linear_tensors
 
 CAPABILITY = Capability(dtypes={"cpu": (torch.float32, torch.bfloat16)}, backward=False)
@@ -37,7 +38,7 @@ def pack_linear_weight(weight: torch.Tensor) -> Optional[torch.Tensor]:
     if weight.dim() != 2:
         raise ValueError(f"pack_linear_weight takes an (N, K) weight, got {tuple(weight.shape)}")
     with torch.no_grad():
-        return native().pack_kn_weight(weight.detach().t())
+        return packed_from(native().pack_kn_weight(weight.detach().t()), weight)
 
 
 register("cpp", "linear", linear_cpp, CAPABILITY, linear_tensors)
