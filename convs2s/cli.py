@@ -84,8 +84,8 @@ def cmd_bench_compare(args) -> int:
 
 
 def _check_translation_options(args) -> None:
-    """The options that do not fit together, or an unknown backend: said before any file is opened
-    (an --output would be emptied) or the checkpoint loaded."""
+    """The options that do not fit together, an unknown backend, the files (convs2s.checks): said
+    before the checkpoint is loaded, anything measured or an --output opened."""
     import convs2s_kernels as ck
 
     if args.fairseq_checkpoint is None:
@@ -104,9 +104,19 @@ def _check_translation_options(args) -> None:
 
     SearchOptions(beam=args.beam, nbest=args.nbest, min_len=args.min_len, max_len_a=args.max_len_a,
                   max_len_b=args.max_len_b).check()
+    from . import checks
+
     for flag, path in (("--spm", args.spm), ("--replace-unk", args.replace_unk), ("--shortlist", args.shortlist)):
-        if path is not None and not Path(path).is_file():
-            raise Convs2sError(f"{flag} {path}: no such file")
+        if path is not None:
+            checks.existing_file(path, flag)
+    if getattr(args, "output", None):
+        checks.writable_file(args.output, "--output")
+    checks.text_file(args.input, "--input", what="input file")
+    if getattr(args, "reference", None):
+        checks.text_file(args.reference, "--reference", what="reference file")
+    checks.existing_file(args.fairseq_checkpoint, "--fairseq-checkpoint", what="checkpoint")
+    if args.fairseq_dicts is not None:
+        checks.existing_folder(args.fairseq_dicts, "--fairseq-dicts")
 
 
 def _chunk_size(args) -> int:
@@ -168,31 +178,38 @@ def _run_translation(args, consume) -> int:
     tokenizer = Tokenizer(args.spm, args.remove_bpe)
     align_dict = load_align_dict(args.replace_unk) if args.replace_unk else None
     bar = tqdm(unit="sent", desc=args.command, disable=not sys.stderr.isatty() and not args.progress)
+    truncated = 0
     for tr in translate_lines(model, src_dict, tgt_dict, read_lines(args.input), tokenizer,
                               chunk_size=_chunk_size(args), align_dict=align_dict,
                               need_alignment=getattr(args, "print_alignment", False), **gen_kwargs):
         if tr.note:
             print(f"warning: {tr.note}", file=sys.stderr)
+        truncated += tr.truncated
         consume(tr)
         bar.update(1)
     bar.close()
-    return 0
+    return 1 if truncated else 0  # every line translated, but not all of some: status 1 says so
 
 
 def cmd_translate(args) -> int:
     from .translate import write_lines
 
-    _check_translation_options(args)
     if args.nbest > 1:  # its output is one line per input line
         raise Convs2sError("translate writes one line per input line; for n-best lists use "
                            "`convs2s generate --nbest N`")
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    _check_translation_options(args)
+    out = [] if args.output else [sys.stdout]  # opened at the first translation: a checkpoint that fails to
+    # load leaves an earlier output as it was; from then on each chunk is written as it is done
+
+    def consume(tr):
+        if not out:
+            out.append(open(args.output, "w", encoding="utf-8"))
+        write_lines(out[0], [h["text"] for h in tr.hypotheses] or [""])
     try:
-        return _run_translation(
-            args, lambda tr: write_lines(out, [h["text"] for h in tr.hypotheses] or [""]))
+        return _run_translation(args, consume)
     finally:
-        if out is not sys.stdout:
-            out.close()
+        if out and out[0] is not sys.stdout:
+            out[0].close()
 
 
 def cmd_generate(args) -> int:
@@ -210,7 +227,7 @@ def cmd_generate(args) -> int:
         write_lines(sys.stdout, format_fairseq_lines(tr.lineno - 1, tr, args.print_alignment))
         hyps.append(tr.hypotheses[0]["text"] if tr.hypotheses else "")
 
-    _run_translation(args, consume)
+    rc = _run_translation(args, consume)
     if refs is not None:
         if len(refs) != len(hyps):
             print(f"error: {args.reference} has {len(refs)} lines but {args.input} has {len(hyps)}", file=sys.stderr)
@@ -218,11 +235,21 @@ def cmd_generate(args) -> int:
         bleu = sacrebleu.metrics.BLEU()
         score = bleu.corpus_score(hyps, [refs])
         print(f"{score} (signature: {bleu.get_signature()})")
-    return 0
+    return rc
 
 
 def cmd_data_prepare(args) -> int:
-    from .data import prepare
+    from . import checks
+    from .data import prepare, resolve_corpus_file
+
+    for flag, prefix in (("--train", args.train), ("--valid", args.valid)):
+        for lang in (args.source_lang, args.target_lang) if prefix is not None else ():
+            try:
+                path = resolve_corpus_file(prefix, lang)
+            except FileNotFoundError as exc:
+                raise Convs2sError(f"{flag} {prefix}: {exc}") from None
+            checks.text_file(path, flag, what="corpus file")
+    checks.writable_folder(args.out, "--out")
 
     prepare(args.out, args.source_lang, args.target_lang, args.train, args.valid, bpe_size=args.bpe_size,
             max_len=args.max_len or None, max_ratio=args.max_ratio or None, seed=args.seed)
@@ -243,7 +270,12 @@ def cmd_average_checkpoints(args) -> int:
     if bool(args.inputs) == bool(args.folder):
         raise Convs2sError("give either the checkpoints to average (--inputs A B ...) or a folder (--folder DIR "
                            "with --num-epoch-checkpoints N)")
+    from . import checks
+
+    checks.writable_file(args.output, "--output")
     paths = args.inputs or last_epoch_checkpoints(args.folder, args.num_epoch_checkpoints)
+    for path in paths:
+        checks.existing_file(path, "--inputs" if args.inputs else "--folder", what="checkpoint")
     out = write_average(paths, args.output, trust_pickle=args.trust_pickle)
     print(f"{out}: the mean of {len(paths)} checkpoints ({', '.join(Path(p).name for p in paths)})")
     return 0
@@ -305,6 +337,26 @@ def _train_precision(args, cfg) -> bool:
     return bf16
 
 
+def _check_training_files(args) -> None:
+    """The data folder and its training split, and a save folder that takes files and holds no
+    run unless --resume: said before the precision is measured or the data loaded."""
+    from . import checks
+    from .data import DataError, open_data_folder
+
+    checks.existing_folder(args.data, what="data folder")
+    try:
+        folder = open_data_folder(args.data)
+    except (FileNotFoundError, DataError) as exc:
+        raise Convs2sError(str(exc)) from None
+    checks.existing_file(folder.split_path("train"), what="training split")
+    save_dir = checks.writable_folder(args.save_dir, "--save-dir")
+    last = save_dir / "checkpoint_last.pt"
+    if last.exists() and not args.resume:
+        raise Convs2sError(f"{last} exists: pass --resume to continue that run, or choose another --save-dir")
+    if args.resume and last.exists():
+        checks.existing_file(last, what="checkpoint")
+
+
 def cmd_train(args) -> int:
     from .architectures import get_config
     from .train import StopKind, Trainer, TrainingDiverged, init_distributed
@@ -318,6 +370,7 @@ def cmd_train(args) -> int:
     except (TypeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    _check_training_files(args)
     cfg.bf16 = _train_precision(args, cfg)
     info = init_distributed()
     try:

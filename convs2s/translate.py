@@ -108,6 +108,7 @@ class Translation:
     source_tokens: List[str]
     hypotheses: List[dict]  # each with "text", "tokens", "score", "positional_scores", ["alignment"]
     note: Optional[str] = None
+    truncated: bool = False  # longer than the model's positions: its first tokens translated
 
 
 def translate_lines(model, src_dict: Dictionary, tgt_dict: Dictionary, lines: Iterator[Tuple[int, str]],
@@ -123,6 +124,7 @@ def translate_lines(model, src_dict: Dictionary, tgt_dict: Dictionary, lines: It
 
     def flush():
         notes: Dict[int, str] = {}
+        truncated = set()
         todo = []
         for lineno, text, toks in chunk:
             if not toks:
@@ -130,6 +132,7 @@ def translate_lines(model, src_dict: Dictionary, tgt_dict: Dictionary, lines: It
             elif len(toks) > max_src:
                 notes[lineno] = f"line {lineno} has {len(toks)} tokens; truncated to the model's {max_src}"
                 toks[:] = toks[:max_src]
+                truncated.add(lineno)
             special = sorted({t for t in toks if t in SPECIAL_WORDS})
             if special:  # as text they are words, not the model's padding or end of sentence
                 said = f"{', '.join(special)} read as {UNK_SYMBOL}"
@@ -145,7 +148,7 @@ def translate_lines(model, src_dict: Dictionary, tgt_dict: Dictionary, lines: It
                     if align_dict is not None:
                         words = replace_unk(words, toks, h["alignment"].tolist(), align_dict)
                     hyps.append(dict(h, words=words, text=tokenizer.decode(words)))
-            yield Translation(lineno, text, toks, hyps, notes.get(lineno))
+            yield Translation(lineno, text, toks, hyps, notes.get(lineno), lineno in truncated)
         chunk.clear()
 
     lines = iter(lines)

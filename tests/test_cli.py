@@ -32,7 +32,7 @@ def test_convs2s_imports_the_benchmarks_only_for_bench_commands(tmp_path):
         assert "convs2s_bench.cli" in sys.modules  # the bench command loaded it, when it ran
     """)
     assert proc.returncode == 0, proc.stderr
-    assert "checkpoint not found" in proc.stderr and "none.json is not a pytest-benchmark JSON file" in proc.stderr
+    assert "none.pt: no such checkpoint" in proc.stderr and "none.json is not a pytest-benchmark JSON file" in proc.stderr
 
 
 def test_bench_errors_are_convs2s_errors():

@@ -49,6 +49,25 @@ def test_runs_merge_into_one_row_a_day_and_the_second_main_job_is_the_second_run
     assert "`tests.t::a` | 30.0" in ri.slowest_tests_table(index)
 
 
+def test_a_main_job_with_nothing_cached_is_the_first_run_whatever_the_day_holds(monkeypatch, tmp_path):
+    """A first run (no kernel choice cached) replaces the day's first and drops its second, which
+    paired with another first; with the cache there, it is the second."""
+    index = {}
+    run = lambda s: dict(rc=0, wall_s=s, cpu_s=2 * s, commit="abc1234")  # noqa: E731
+    du.record(index, "main-job", run(420.0), "M", "2026-11-28", first=True)
+    du.record(index, "main-job", run(300.0), "M", "2026-11-28", first=False)
+    du.record(index, "main-job", run(400.0), "M", "2026-11-28", first=True)
+    row = index["recorded"][0]
+    assert row["main_job_first"]["wall_s"] == 400.0 and "main_job_second" not in row
+    du.record(index, "main-job", run(350.0), "M", "2026-11-28", first=False)
+    assert row["main_job_second"]["wall_s"] == 350.0
+    monkeypatch.setenv("CONVS2S_TUNE_CACHE", str(tmp_path))
+    assert du.first_main_job()
+    from convs2s_kernels import tune_cache
+    tune_cache.cache_path().write_text("{}")
+    assert not du.first_main_job()
+
+
 def test_the_command_is_timed_and_a_failure_is_not_recorded(monkeypatch, tmp_path):
     saved = []
     monkeypatch.setattr(du, "_save", saved.append)

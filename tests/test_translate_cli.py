@@ -77,23 +77,30 @@ def test_bad_inputs_name_line_or_file(fixture_dir, tmp_path, capsys, monkeypatch
     bad.write_bytes(b"w5 w6\n\xff\xfe w7\n")
     out_file = tmp_path / "out.txt"
     rc = main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(bad), "--output", str(out_file),
-               "--max-len-b", "3"])  # default chunk size: the good line shares the bad line's chunk
+               "--max-len-b", "3"])
     err = capsys.readouterr().err
-    assert rc == 2 and f"{bad}:2: invalid UTF-8" in err
-    assert len(out_file.read_text().splitlines()) == 1, "the line translated before the bad one is kept"
+    assert rc == 2 and f"--input {bad}:2: invalid UTF-8" in err
+    assert not out_file.exists(), "a file is read through before the model loads: nothing is written"
+    # from stdin, read as it comes (default chunk size: the good line shares the bad line's chunk)
+    rc, out, err = run_cli(["translate", "--fairseq-checkpoint", ckpt, "--max-len-b", "3"],
+                           stdin_bytes=bad.read_bytes(), monkeypatch=monkeypatch, capsys=capsys)
+    assert rc == 2 and "<stdin>:2: invalid UTF-8" in err
+    assert len(out.splitlines()) == 1, "the line translated before the bad one is kept"
 
     rc = main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(bad), "--spm", str(tmp_path / "no.model")])
     assert rc == 2 and f"--spm {tmp_path / 'no.model'}: no such file" in capsys.readouterr().err  # before loading
 
-    rc = main(["translate", "--fairseq-checkpoint", str(tmp_path / "none.pt"), "--input", str(bad)])
-    assert rc == 2 and "checkpoint not found" in capsys.readouterr().err
+    good = tmp_path / "good.txt"
+    good.write_text("w5 w6\n")
+    rc = main(["translate", "--fairseq-checkpoint", str(tmp_path / "none.pt"), "--input", str(good)])
+    assert rc == 2 and f"--fairseq-checkpoint {tmp_path / 'none.pt'}: no such checkpoint" in capsys.readouterr().err
 
     long_line = tmp_path / "long.txt"
     long_line.write_text(" ".join(["w5"] * 1100) + "\n")
     rc = main(["translate", "--fairseq-checkpoint", ckpt, "--input", str(long_line), "--max-len-b", "2",
                "--output", str(out_file)])
     err = capsys.readouterr().err
-    assert rc == 0 and "line 1 has 1100 tokens; truncated to the model's 1021" in err
+    assert rc == 1 and "line 1 has 1100 tokens; truncated to the model's 1021" in err  # translated, status 1
 
 
 def test_sentencepiece_tokenizer_round_trip(tmp_path):
@@ -135,7 +142,7 @@ def test_bad_options_fail_before_loading(tmp_path, capsys):
 
 def test_an_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
     assert main(["translate", "--fairseq-checkpoint", str(tmp_path / "model.pt"), "--output", str(tmp_path)]) == 2
-    assert "Is a directory" in one_line_error(capsys)
+    assert f"--output {tmp_path} is a folder; name a file" in one_line_error(capsys)
 
 
 def test_search_options_and_missing_files_fail_before_loading(tmp_path, capsys):

@@ -135,7 +135,7 @@ def test_vs_fairseq_errors_name_the_problem(fixture_dir, stand_in, tmp_path, mon
     ckpt, ids = str(fixture_dir / "checkpoint.pt"), str(fixture_dir / "source.ids")
     assert main(["bench", "vs-fairseq", "--fairseq-python", str(tmp_path / "nope"), "--checkpoint", ckpt,
                  "--input", ids]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert f"--fairseq-python {tmp_path / 'nope'}: no such program" in capsys.readouterr().err
     bad = tmp_path / "bad.ids"
     bad.write_text("4 5 x\n")
     assert main(["bench", "vs-fairseq", "--fairseq-python", str(python), "--checkpoint", ckpt, "--input", str(bad)]) == 2

@@ -15,6 +15,7 @@ from typing import Callable, Type, TypeVar
 
 import torch
 
+from convs2s import checks
 from convs2s.errors import Convs2sError
 
 T = TypeVar("T")
@@ -39,13 +40,29 @@ def _reported_as(error: Type[Convs2sError], call: Callable[[], T]) -> T:
 def _check_output(path, flag: str, error: Type[Convs2sError]) -> None:
     """A file the command will write must be writable where it goes: said before any timing, not after."""
     if path:
-        folder = Path(path).resolve().parent
-        if not folder.is_dir():
-            raise error(f"{flag} {path}: the folder {folder} does not exist")
-        if Path(path).is_dir():
-            raise error(f"{flag} {path} is a folder; name a file")
-        if not os.access(folder, os.W_OK):
-            raise error(f"{flag} {path}: the folder {folder} is not writable")
+        _as(error, checks.writable_file, path, flag)
+
+
+def _as(error: Type[Convs2sError], check: Callable, *args, **kwargs):
+    """``check(*args, **kwargs)`` (one of :mod:`convs2s.checks`), its failure raised as ``error``."""
+    try:
+        return check(*args, **kwargs)
+    except Convs2sError as exc:
+        raise error(str(exc)) from None
+
+
+def _check_inputs(error: Type[Convs2sError], *, checkpoint=None, dicts=None, texts=(), files=()) -> None:
+    """The files a bench command reads, checked before anything is built or timed."""
+    if checkpoint:
+        _as(error, checks.existing_file, checkpoint, "--checkpoint", what="checkpoint")
+    if dicts:
+        _as(error, checks.existing_folder, dicts, "--dicts")
+    for flag, path in texts:
+        if path:
+            _as(error, checks.text_file, path, flag)
+    for flag, path in files:
+        if path:
+            _as(error, checks.existing_file, path, flag)
 
 
 def _set_threads(threads: int) -> None:
@@ -62,6 +79,10 @@ def speed_table(args) -> int:
         raise SpeedTableError("give either --full or --sentences")
     _check_output(args.json, "--json", SpeedTableError)
     _check_output(args.plot, "--plot", SpeedTableError)
+    if args.reference and not args.checkpoint:  # the options first, then their files
+        raise SpeedTableError("--reference needs --checkpoint: BLEU of random weights means nothing")
+    _check_inputs(SpeedTableError, checkpoint=args.checkpoint, dicts=args.dicts,
+                  texts=(("--source", args.source), ("--reference", args.reference)), files=(("--spm", args.spm),))
     if args.plot:
         try:
             import matplotlib  # noqa: F401  (drawn after the timings: missing, it must say so now)
@@ -106,6 +127,8 @@ def vs_fairseq(args) -> int:
     from .workload import Config
 
     _check_output(args.json, "--json", VsFairseqError)
+    _as(VsFairseqError, checks.executable_file, args.fairseq_python, "--fairseq-python")
+    _check_inputs(VsFairseqError, checkpoint=args.checkpoint, dicts=args.dicts, texts=(("--input", args.input),))
     _set_threads(args.threads)
     config = Config(args.backend, args.decoder, "fp32") if args.backend else None
     result = _reported_as(VsFairseqError, lambda: compare(

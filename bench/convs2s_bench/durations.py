@@ -8,8 +8,8 @@ that a rise shows in the next diff instead of in CI's time limit.
     python3 -m convs2s_bench.durations run main-job -- python3 -m convs2s bench speed-table  # first, then second run
     python3 -m convs2s_bench.durations run tests -- bash scripts/test.sh
 
-``main-job`` recorded twice in a day on a machine is its first and its second run (the first one
-measures the kernel choice and the compute type). The command's exit status is passed on; a
+``main-job`` is recorded as the first run where this machine has no kernel choice cached yet (the
+first run measures the kernel choice and the compute type), else as the second. The command's exit status is passed on; a
 failed command is recorded as failed, never as a duration.
 """
 
@@ -98,9 +98,12 @@ def _commit() -> str:
         return "-"
 
 
-def record(index: dict, what: str, result: Dict[str, object], machine: str, date: str) -> dict:
+def record(index: dict, what: str, result: Dict[str, object], machine: str, date: str,
+           first: Optional[bool] = None) -> dict:
     """Merge one timed run into ``index``'s recorded rows (one row per machine and day) and return
-    that row. A second ``main-job`` on the same row is the second run."""
+    that row. ``main-job``: ``first`` says whether it ran with nothing measured yet on this machine
+    (a new first run drops the row's second, which belonged to another first); None: the row's
+    first ``main-job`` is the first run, the next the second."""
     rows = index.setdefault("recorded", [])
     row = next((r for r in rows if r["machine"] == machine and r["measured"] == date), None)
     if row is None:
@@ -108,9 +111,21 @@ def record(index: dict, what: str, result: Dict[str, object], machine: str, date
         rows.append(row)
     key = what.replace("-", "_")
     if what == "main-job":
-        key = "main_job_second" if "main_job_first" in row else "main_job_first"
+        if first is None:
+            first = "main_job_first" not in row
+        key = "main_job_first" if first else "main_job_second"
+        if first:
+            row.pop("main_job_second", None)
     row[key] = result
     return row
+
+
+def first_main_job() -> bool:
+    """Whether the main job would run with nothing measured here yet: no kernel choice cached for
+    this machine key (what the first run spends its extra minutes measuring)."""
+    from convs2s_kernels import tune_cache
+
+    return not tune_cache.cache_path().exists()
 
 
 def _save(index: dict) -> None:
@@ -135,6 +150,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="convs2s-durations-") as reports:
         if args.what == "tests":
             env["CONVS2S_TEST_REPORTS"] = reports  # scripts/test.sh writes its JUnit reports there
+        first = first_main_job() if args.what == "main-job" else None
         result = timed(command, env)
         result["commit"] = _commit()
         for name in ("bench", "tests"):
@@ -145,7 +161,7 @@ def main(argv=None) -> int:
         print(f"durations: {' '.join(command)} exited with {result['rc']}; nothing recorded", file=sys.stderr)
         return int(result["rc"])
     index = load_index()
-    row = record(index, args.what, result, machine_label(), datetime.date.today().isoformat())
+    row = record(index, args.what, result, machine_label(), datetime.date.today().isoformat(), first)
     _save(index)
     write_tables(index)  # the READMEs' tables stay what the data gives (tests/test_results_index.py)
     print(f"durations: {args.what} took {result['wall_s'] / 60:.1f} min wall, {result['cpu_s'] / 60:.1f} min CPU "
