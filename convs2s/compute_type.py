@@ -202,8 +202,8 @@ def screen(run: Callable[[str, int, Optional[float]], object], names: Sequence[s
     """One untimed and one timed ``run(name, shape, deadline)`` per candidate and shape, shapes in
     order (the cheapest first). A candidate after the first on a shape runs with a deadline,
     ``FAR`` times the best time so far after each run's start (``run`` stops there, and its time is
-    then at least that: bf16 emulated in software, 20x behind fp32 on the few-row decoding, costs
-    4x fp32's time, not 20 seconds); one ``FAR`` times behind keeps the times it has and is not
+    then at least that: bf16 emulated in software costs FAR times fp32's time, not its own
+    (bench/results/kernel-decisions.md#compute-type-screen-deadline)); one ``FAR`` times behind keeps the times it has and is not
     run on the later shapes, and once one candidate is left, nothing more is run (there is
     nothing to choose)."""
     times: Dict[str, List[float]] = {n: [] for n in names}
@@ -244,9 +244,9 @@ def measure_decoding(model, names: Sequence[str], *, beam: int = 5, fold_attenti
         first = (name, shape) not in ran
         ran.add((name, shape))
         if first and deadline is not None:
-            # a warm-up under a deadline pays the one-off costs (the variant's weights, the step's
-            # code) on one word and one step: an encoding is what a deadline cannot stop (9 s of
-            # emulated bf16 on a Zen 3), and a timing it leaves colder is only screened by, never chosen by
+            # a warm-up under a deadline pays the one-off costs (the variant's weights, the step's code) on
+            # one word and one step: a deadline cannot stop an encoding, and a timing it leaves colder is
+            # only screened by, never chosen by (bench/results/kernel-decisions.md#compute-type-screen-deadline)
             sources, steps = [sources[0][:1]], 1
 
         def on_step(step: int) -> None:  # a warm-up always does its first step: its one-off costs are its purpose

@@ -170,14 +170,19 @@ def test_an_interrupted_translation_keeps_every_finished_line_whole(fixture_dir,
            "--input", str(src), "--output", str(out), "--beam", "2", "--max-len-b", "3", "--chunk-size", "1",
            "--compute-type", "fp32", "--threads", "1"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    # SIGINT as a terminal sends it: a test worker may ignore it, and a child inherits that
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None and \
             (not out.exists() or out.read_text().count("\n") < 3):
         time.sleep(0.05)
     assert proc.poll() is None, proc.stderr.read().decode()
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
     text = out.read_text()
     assert proc.returncode == 130 and "interrupted" in err.decode(), err.decode()
     assert text.endswith("\n") and 3 <= text.count("\n") < 20000  # finished lines, each whole

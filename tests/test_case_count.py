@@ -28,7 +28,7 @@ def test_every_file_keeps_at_least_its_committed_number_of_cases():
     floors = json.loads(FLOORS.read_text())
     counts = collected()
     assert not shortfalls(counts, floors), f"cases lost (file: (now, floor)): {shortfalls(counts, floors)}"
-    assert sum(counts.values()) >= sum(floors.values()) == 1655
+    assert sum(counts.values()) >= sum(floors.values()) >= 1655  # the suite before it was made faster
 
 
 def test_the_case_count_check_can_fail():

@@ -21,8 +21,8 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def packed_from(packed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``packed``, just made from ``weight`` by ``pack_kn_weight``, marked as checked against it at
-    their present versions: the first call's check would pack it a second time (half of a large
-    model's preparation: 1.3 s of fconv_wmt_en_fr's 2.6 s on a Zen 3)."""
+    their present versions: the first call's check would pack it a second time, half of a large
+    model's preparation (bench/results/kernel-decisions.md#packing-trusted-as-made)."""
     _mark(packed, weight)
     return packed
 
