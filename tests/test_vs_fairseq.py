@@ -25,15 +25,23 @@ STAND_IN = textwrap.dedent('''
         f.write(json.dumps({k: req[k] for k in ("beam", "threads", "cache_linearized_weight", "forced", "batches")}) + "\\n")
     if os.environ.get("FAKE_FAIRSEQ_FAIL"):
         sys.exit("RuntimeError: something broke inside fairseq")
-    import convs2s
-    model, _, _ = convs2s.load_fairseq(req["checkpoint"])
-    model.fold_weight_norm().eval()
-    nbest = [None] * len(req["sentences"])
-    for idx, forced in zip(req["batches"], req["forced"]):
-        hyps = convs2s.generate(model, [req["sentences"][i] for i in idx], beam=req["beam"], nbest=req["beam"],
-                                max_len_a=0, max_len_b=forced, min_len=forced)
-        for i, h in zip(idx, hyps):
-            nbest[i] = [dict(tokens=x["tokens"].tolist(), score=float(x["score"])) for x in h]
+    # answers kept per request: torch is imported once per beam, not once per request
+    answers = log + ".answers.json"
+    key = json.dumps([req[k] for k in ("checkpoint", "sentences", "batches", "forced", "beam")])
+    known = json.load(open(answers)) if os.path.exists(answers) else {}
+    if key not in known:
+        import convs2s
+        model, _, _ = convs2s.load_fairseq(req["checkpoint"])
+        model.fold_weight_norm().eval()
+        nbest = [None] * len(req["sentences"])
+        for idx, forced in zip(req["batches"], req["forced"]):
+            hyps = convs2s.generate(model, [req["sentences"][i] for i in idx], beam=req["beam"], nbest=req["beam"],
+                                    max_len_a=0, max_len_b=forced, min_len=forced)
+            for i, h in zip(idx, hyps):
+                nbest[i] = [dict(tokens=x["tokens"].tolist(), score=float(x["score"])) for x in h]
+        known[key] = nbest
+        json.dump(known, open(answers, "w"))
+    nbest = json.loads(json.dumps(known[key]))
     if os.environ.get("FAKE_FAIRSEQ_DIFFER"):
         nbest[0][0]["tokens"][0] += 1
     json.dump(dict(fairseq="stand-in", torch="-", threads=req["threads"], batch_seconds=[0.5] * len(req["batches"]),
