@@ -84,13 +84,28 @@ def cmd_bench_compare(args) -> int:
 
 
 def _check_translation_options(args) -> None:
-    """The options that do not fit together, an unknown backend, the files (convs2s.checks): said
-    before the checkpoint is loaded, anything measured or an --output opened."""
-    import convs2s_kernels as ck
+    """The files first (convs2s.checks: stat calls, before torch is even imported), then the
+    options that do not fit together or an unknown backend: all said before the checkpoint is
+    loaded, anything measured or an --output opened."""
+    from . import checks
 
     if args.fairseq_checkpoint is None:
         raise Convs2sError("give a model with --fairseq-checkpoint PATH (and --fairseq-dicts DIR if the "
                            "dictionaries are not beside it)")
+    for flag, path in (("--spm", args.spm), ("--replace-unk", args.replace_unk), ("--shortlist", args.shortlist)):
+        if path is not None:
+            checks.existing_file(path, flag)
+    if getattr(args, "output", None):
+        checks.writable_file(args.output, "--output")
+    checks.text_file(args.input, "--input", what="input file")
+    if getattr(args, "reference", None):
+        checks.text_file(args.reference, "--reference", what="reference file")
+    checks.existing_file(args.fairseq_checkpoint, "--fairseq-checkpoint", what="checkpoint")
+    if args.fairseq_dicts is not None:
+        checks.existing_folder(args.fairseq_dicts, "--fairseq-dicts")
+
+    import convs2s_kernels as ck
+
     from .compute_type import DECODE_ENV, candidates_for
 
     candidates_for(args.compute_type)  # an unknown compute type, named
@@ -104,19 +119,6 @@ def _check_translation_options(args) -> None:
 
     SearchOptions(beam=args.beam, nbest=args.nbest, min_len=args.min_len, max_len_a=args.max_len_a,
                   max_len_b=args.max_len_b).check()
-    from . import checks
-
-    for flag, path in (("--spm", args.spm), ("--replace-unk", args.replace_unk), ("--shortlist", args.shortlist)):
-        if path is not None:
-            checks.existing_file(path, flag)
-    if getattr(args, "output", None):
-        checks.writable_file(args.output, "--output")
-    checks.text_file(args.input, "--input", what="input file")
-    if getattr(args, "reference", None):
-        checks.text_file(args.reference, "--reference", what="reference file")
-    checks.existing_file(args.fairseq_checkpoint, "--fairseq-checkpoint", what="checkpoint")
-    if args.fairseq_dicts is not None:
-        checks.existing_folder(args.fairseq_dicts, "--fairseq-dicts")
 
 
 def _chunk_size(args) -> int:
@@ -192,12 +194,12 @@ def _run_translation(args, consume) -> int:
 
 
 def cmd_translate(args) -> int:
-    from .translate import write_lines
-
     if args.nbest > 1:  # its output is one line per input line
         raise Convs2sError("translate writes one line per input line; for n-best lists use "
                            "`convs2s generate --nbest N`")
     _check_translation_options(args)
+    from .translate import write_lines
+
     out = [] if args.output else [sys.stdout]  # opened at the first translation: a checkpoint that fails to
     # load leaves an earlier output as it was; from then on each chunk is written as it is done
 
@@ -213,11 +215,11 @@ def cmd_translate(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    _check_translation_options(args)
     import sacrebleu
 
     from .translate import format_fairseq_lines, read_lines, write_lines
 
-    _check_translation_options(args)
     refs = None
     if args.reference:
         refs = [text for _, text in read_lines(args.reference)]
@@ -259,7 +261,7 @@ def cmd_data_prepare(args) -> int:
 def cmd_data_multi30k(args) -> int:
     from .multi30k import download
 
-    files = download(args.out, args.langs.split(","), mirror=args.mirror)
+    files = download(args.out, args.langs.split(","), **({"mirror": args.mirror} if args.mirror else {}))
     print(f"{len(files)} files in {args.out}")
     return 0
 
@@ -545,9 +547,8 @@ def _add_data_parser(sub) -> None:
     m30k = dsub.add_parser("multi30k", help="fetch Multi30k task 1 (raw) from its public repository")
     m30k.add_argument("--out", required=True)
     m30k.add_argument("--langs", default="en,de", help="comma-separated: en, de, fr")
-    from .multi30k import URL
-
-    m30k.add_argument("--mirror", default=URL, help="base URL or local folder holding the .gz files")
+    m30k.add_argument("--mirror", default=None, help="base URL or local folder holding the .gz files "
+                      "(default: the dataset's GitHub repository)")
     m30k.set_defaults(func=cmd_data_multi30k)
 
 

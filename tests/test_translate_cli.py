@@ -122,6 +122,13 @@ def test_remove_bpe():
     assert Tokenizer(remove_bpe="@@ ").decode(["the", "hou@@", "se", "is"]) == "the house is"
 
 
+def _never_read(tmp_path) -> str:
+    """A checkpoint file that exists (the file checks pass) and that a bad option stops before reading."""
+    path = tmp_path / "never-read.pt"
+    path.write_bytes(b"never read")
+    return str(path)
+
+
 def one_line_error(capsys) -> str:
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err, err
@@ -129,7 +136,7 @@ def one_line_error(capsys) -> str:
 
 
 def test_bad_options_fail_before_loading(tmp_path, capsys):
-    assert main(["translate", "--fairseq-checkpoint", str(tmp_path / "never-read.pt"), "--backend", "fastest"]) == 2
+    assert main(["translate", "--fairseq-checkpoint", _never_read(tmp_path), "--backend", "fastest"]) == 2
     assert "unknown backend 'fastest'" in one_line_error(capsys)
     with pytest.raises(SystemExit) as exit_:
         main(["translate", "--min-len", "-1"])
@@ -146,7 +153,7 @@ def test_an_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
 
 
 def test_search_options_and_missing_files_fail_before_loading(tmp_path, capsys):
-    never = ["--fairseq-checkpoint", str(tmp_path / "never-read.pt")]
+    never = ["--fairseq-checkpoint", _never_read(tmp_path)]
     assert main(["generate", *never, "--beam", "5", "--nbest", "6"]) == 2
     assert "need 1 <= nbest <= beam, got beam=5, nbest=6" in one_line_error(capsys)
     for flag in ("--spm", "--replace-unk", "--shortlist"):
@@ -198,7 +205,7 @@ def test_special_symbols_in_the_text_are_words(fixture_dir, tmp_path, capsys):
 def test_bad_options_leave_an_existing_output_alone(tmp_path, capsys):
     out = tmp_path / "out.txt"
     out.write_text("yesterday's translations\n")
-    assert main(["translate", "--fairseq-checkpoint", "never-read.pt", "--output", str(out), "--backend", "fastest"]) == 2
+    assert main(["translate", "--fairseq-checkpoint", _never_read(tmp_path), "--output", str(out), "--backend", "fastest"]) == 2
     assert "unknown backend 'fastest'" in one_line_error(capsys)
     assert out.read_text() == "yesterday's translations\n"
 
@@ -244,12 +251,12 @@ def test_translate_int8_takes_the_measured_fastest_variant(fixture_dir, tmp_path
 
 @pytest.mark.parametrize("bad", ["int4", "fp16x", "auto8"])
 def test_unknown_compute_types_are_refused_before_loading(bad, capsys, monkeypatch, tmp_path):
-    assert main(["translate", "--fairseq-checkpoint", "never-read.pt", "--compute-type", bad]) == 2
+    assert main(["translate", "--fairseq-checkpoint", _never_read(tmp_path), "--compute-type", bad]) == 2
     assert f"unknown compute type {bad!r}" in one_line_error(capsys)
     out = tmp_path / "out.txt"
     out.write_text("yesterday's translations\n")
     monkeypatch.setenv("CONVS2S_COMPUTE_TYPE", bad)  # the environment's, before --output is emptied
-    assert main(["translate", "--fairseq-checkpoint", "never-read.pt", "--output", str(out)]) == 2
+    assert main(["translate", "--fairseq-checkpoint", _never_read(tmp_path), "--output", str(out)]) == 2
     assert f"unknown compute type {bad!r}" in one_line_error(capsys)
     assert out.read_text() == "yesterday's translations\n"
 
