@@ -344,6 +344,7 @@ def _check_training_files(args) -> None:
     run unless --resume: said before the precision is measured or the data loaded."""
     from . import checks
     from .data import DataError, open_data_folder
+    from .train import last_checkpoint
 
     checks.existing_folder(args.data, what="data folder")
     try:
@@ -351,11 +352,8 @@ def _check_training_files(args) -> None:
     except (FileNotFoundError, DataError) as exc:
         raise Convs2sError(str(exc)) from None
     checks.existing_file(folder.split_path("train"), what="training split")
-    save_dir = checks.writable_folder(args.save_dir, "--save-dir")
-    last = save_dir / "checkpoint_last.pt"
-    if last.exists() and not args.resume:
-        raise Convs2sError(f"{last} exists: pass --resume to continue that run, or choose another --save-dir")
-    if args.resume and last.exists():
+    last = last_checkpoint(checks.writable_folder(args.save_dir, "--save-dir"), args.resume)
+    if last.exists():  # resuming: a file to read
         checks.existing_file(last, what="checkpoint")
 
 

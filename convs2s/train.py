@@ -199,6 +199,15 @@ class Progress:
     snapshots_done: List[float] = field(default_factory=list)
 
 
+def last_checkpoint(save_dir, resume: bool) -> Path:
+    """``save_dir``'s checkpoint_last.pt, refused when it holds a run and ``resume`` is off (a new
+    run would overwrite it)."""
+    last = Path(save_dir) / "checkpoint_last.pt"
+    if last.is_file() and not resume:
+        raise CheckpointError(f"{last} exists: pass --resume to continue that run, or choose another --save-dir")
+    return last
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, info: Optional[DistInfo] = None, log=print):
         self.cfg = cfg
@@ -472,14 +481,12 @@ class Trainer:
     def _start(self, resume: bool) -> None:
         """Resume from checkpoint_last.pt (with ``resume``) or refuse to overwrite it; log the setup."""
         c = self.cfg
-        last = self.save_dir / "checkpoint_last.pt"
+        last = last_checkpoint(self.save_dir, resume)
         if resume and last.is_file():
             self.load(last)
             self.log(f"resumed from {last}: epoch {self.progress.epoch}, update {self.progress.num_updates}")
         elif resume:
             self.log(f"no {last} yet: starting a new run")
-        elif last.is_file():
-            raise CheckpointError(f"{last} exists: pass --resume to continue that run, or choose another --save-dir")
         n_params = sum(p.numel() for p in self.model.parameters())
         self.log(f"{c.arch}: {n_params:,} parameters; {len(self.train_set)} training pairs; "
                  f"{self.info.world_size} process(es) x update-freq {c.update_freq}; "

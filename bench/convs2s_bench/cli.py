@@ -8,9 +8,7 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-from pathlib import Path
 from typing import Callable, Type, TypeVar
 
 import torch

@@ -11,7 +11,7 @@ from typing import Callable, Sequence, Tuple
 import torch
 
 from ..extension import native, unavailable_reason
-from ..huge_pages import MIN_BYTES
+from ..huge_pages import on_huge_pages
 from .shapes import ACTIVATION_BITS, DTYPES, Shape, library_shape
 
 
@@ -75,8 +75,8 @@ def _copies(t: torch.Tensor, n: int):
     extension makes them (as the decoding step's weights: convs2s_kernels.huge_pages): one
     allocation faults its pages in far less time than ``n`` clones."""
     many = t.unsqueeze(0).expand(n, *t.shape)
-    return list((native().huge_page_copy(many) if t.numel() * t.element_size() * n >= MIN_BYTES
-                 else many.contiguous()).unbind(0))
+    moved = on_huge_pages(many)
+    return list((many.contiguous() if moved is many else moved).unbind(0))  # left where it was: still n copies
 
 
 def _matrix(shape: Shape, entry):
