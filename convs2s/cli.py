@@ -3,6 +3,7 @@
 Commands:
   bench      speed-table: the paper's generation-speed table (Table 3), estimated or run in full;
              vs-fairseq: fairseq's own generator beside convs2s (a separate fairseq interpreter);
+             vs-fairseq-train: fairseq's training updates beside convs2s's, same weights and batches;
              compare: pivot pytest-benchmark results across machines.
   translate  translate text (stdin or a file) with a fairseq fconv checkpoint.
   generate   translate a test set, print fairseq-style S-/H-/P-/A- lines and score it with sacrebleu.
@@ -75,6 +76,12 @@ def cmd_vs_fairseq(args) -> int:
     from convs2s_bench.cli import vs_fairseq
 
     return vs_fairseq(args)
+
+
+def cmd_vs_fairseq_train(args) -> int:
+    from convs2s_bench.cli import vs_fairseq_train
+
+    return vs_fairseq_train(args)
 
 
 def cmd_bench_compare(args) -> int:
@@ -436,6 +443,7 @@ def _add_bench_parser(sub) -> None:
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     _add_speed_table_parser(bsub)
     _add_vs_fairseq_parser(bsub)
+    _add_vs_fairseq_train_parser(bsub)
     cmp_p = bsub.add_parser("compare", help="pivot pytest-benchmark JSON files into one table across machines")
     cmp_p.add_argument("files", nargs="+")
     cmp_p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
@@ -510,6 +518,29 @@ def _add_vs_fairseq_parser(bsub) -> None:
                     help="also time convs2s-int7e with the decoder's weights in 7 bits too (convs2s-w7a7e)")
     vs.add_argument("--json", help="also write the numbers here")
     vs.set_defaults(func=cmd_vs_fairseq)
+
+
+def _add_vs_fairseq_train_parser(bsub) -> None:
+    vt = bsub.add_parser("vs-fairseq-train", help="fairseq's training updates beside convs2s's: same initial weights, "
+                                                  "batches and settings; target tokens/s, ratio, first losses")
+    vt.add_argument("--fairseq-python", required=True, help="python of a venv with fairseq installed")
+    vt.add_argument("--arch", default="fconv_iwslt_de_en")
+    vt.add_argument("--data", help="a prepared data folder (its training split's first batches; default: random "
+                                   "sentences of Multi30k's lengths)")
+    vt.add_argument("--max-tokens", type=_positive_int, default=2000, help="padded tokens per batch")
+    vt.add_argument("--updates", type=_positive_int, default=20, help="timed updates per repeat")
+    vt.add_argument("--warmup", type=_non_negative(int), default=3, help="untimed updates before each timed pass")
+    vt.add_argument("--repeats", type=_positive_int, default=3, help="timed passes per system, interleaved")
+    vt.add_argument("--check-updates", type=_positive_int, default=3,
+                    help="updates whose losses are compared (dropout 0, from the initial weights)")
+    vt.add_argument("--dropout", type=_non_negative(float), default=0.2)
+    vt.add_argument("--label-smoothing", type=_non_negative(float), default=0.1)
+    vt.add_argument("--vocab", type=_positive_int, default=8000, help="vocabulary of the random sentences")
+    vt.add_argument("--backend", default=None, help="convs2s kernel backend: auto, cpp, reference")
+    vt.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads for both (0: default)")
+    vt.add_argument("--seed", type=int, default=1)
+    vt.add_argument("--json", help="also write the numbers here")
+    vt.set_defaults(func=cmd_vs_fairseq_train)
 
 
 def _add_translation_parsers(sub) -> None:

@@ -1,4 +1,4 @@
-"""The ``convs2s bench`` commands: ``speed-table``, ``vs-fairseq`` and ``compare``.
+"""The ``convs2s bench`` commands: ``speed-table``, ``vs-fairseq``, ``vs-fairseq-train`` and ``compare``.
 
 :mod:`convs2s.cli` defines their options and imports this module only when one of them runs, so
 ``convs2s`` itself never loads the benchmarks. Every failure a user can cause is raised as a
@@ -138,6 +138,32 @@ def vs_fairseq(args) -> int:
     if args.json:
         atomic_write_text(args.json, json.dumps(result, indent=1))
         print(f"\nwrote {args.json}")
+    return 0
+
+
+def vs_fairseq_train(args) -> int:
+    """``convs2s bench vs-fairseq-train``: fairseq's training updates beside convs2s's."""
+    from convs2s.atomic import atomic_write_text
+
+    from .vs_fairseq_train import TrainRequest, VsFairseqTrainError, compare, format_result, losses_agree
+
+    _check_output(args.json, "--json", VsFairseqTrainError)
+    _as(VsFairseqTrainError, checks.executable_file, args.fairseq_python, "--fairseq-python")
+    if args.data:
+        _as(VsFairseqTrainError, checks.existing_folder, args.data, "--data")
+    _set_threads(args.threads)
+    req = TrainRequest(fairseq_python=args.fairseq_python, arch=args.arch, data=args.data, max_tokens=args.max_tokens,
+                       updates=args.updates, warmup=args.warmup, repeats=args.repeats,
+                       check_updates=args.check_updates, dropout=args.dropout, label_smoothing=args.label_smoothing,
+                       vocab=args.vocab, seed=args.seed, backend=args.backend, threads=torch.get_num_threads())
+    result = _reported_as(VsFairseqTrainError, lambda: compare(req, log=_log))
+    print(format_result(result))
+    if args.json:
+        atomic_write_text(args.json, json.dumps(result, indent=1))
+        print(f"\nwrote {args.json}")
+    if not losses_agree(result):  # the timings stand; the claim that both trained the same model does not
+        raise VsFairseqTrainError(f"the first losses differ by {result['losses']['max_relative_difference']:.1e} "
+                                  "(relative): the two systems did not train the same model")
     return 0
 
 

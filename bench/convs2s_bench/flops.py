@@ -9,13 +9,7 @@ from typing import Optional, Sequence
 import torch
 
 from convs2s.engine import prepare
-
-
-def weight_elements(module: torch.nn.Module) -> int:
-    """Multiply-accumulates per row of the module's linear and convolution layers (embeddings are
-    lookups, gains and biases negligible)."""
-    return sum(p.numel() for name, p in module.named_parameters()
-               if p.dim() >= 2 and "embed_" not in name and not name.endswith("weight_g"))
+from convs2s.flops import weight_elements
 
 
 def generation_flops(model, source_lengths: Sequence[int], target_lengths: Sequence[int], beam: int,

@@ -1,0 +1,114 @@
+"""Times fairseq's own training updates on a request from ``convs2s bench vs-fairseq --train``.
+
+This file runs under the *fairseq* interpreter (a separate venv where fairseq is installed),
+never inside convs2s: it imports only fairseq, torch and the standard library.
+
+    FAIRSEQ_PYTHON fairseq_train_driver.py REQUEST.json RESULT.json
+
+The request names a folder holding the initial weights (``model.pt``, a fairseq fconv checkpoint
+written by ``convs2s.save_fairseq``) and the dictionaries, the architecture and the training
+settings, the examples (source and target ids, EOS included) and the batches (lists of example
+indices). fairseq is set up as ``fairseq-train`` sets itself up (its command line parsed into its
+config, the translation task, ``task.build_model``, the ``label_smoothed_cross_entropy``
+criterion, the ``nag`` optimizer, ``fairseq.trainer.Trainer``); the model's weights are then
+replaced by the initial ones. Each update is ``Trainer.train_step`` on one batch: forward,
+backward, gradients divided by the target tokens, clipped to ``clip_norm``, the NAG step. The
+result holds the seconds of the timed pass over the batches (after ``warmup`` untimed updates)
+and each update's loss per target token and gradient norm.
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def _quiet():
+    import logging
+    import warnings
+
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("fairseq", "fairseq.trainer", "fairseq.tasks", "fairseq.models", "fairseq.utils"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore")
+
+
+def _setup(req):
+    import torch
+    from fairseq import options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    argv = [req["folder"], "--task", "translation", "--source-lang", req["source_lang"],
+            "--target-lang", req["target_lang"], "--arch", req["arch"], "--dropout", str(req["dropout"]),
+            "--optimizer", "nag", "--lr", str(req["lr"]), "--momentum", str(req["momentum"]),
+            "--clip-norm", str(req["clip_norm"]), "--lr-scheduler", "fixed",
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", str(req["label_smoothing"]),
+            "--max-tokens", str(req["max_tokens"]), "--seed", str(req["seed"]), "--cpu", "--no-progress-bar",
+            "--save-dir", req["folder"], "--no-save"]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    cfg = convert_namespace_to_omegaconf(args)
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    state = torch.load(os.path.join(req["folder"], "model.pt"), map_location="cpu", weights_only=False)["model"]
+    model.load_state_dict(state, strict=True)
+    criterion = task.build_criterion(cfg.criterion)
+    return torch, task, Trainer(cfg, task, model, criterion)
+
+
+def _samples(torch, task, req):
+    from fairseq.data import LanguagePairDataset
+
+    src = [torch.LongTensor(s) for s in req["sources"]]
+    tgt = [torch.LongTensor(t) for t in req["targets"]]
+    dataset = LanguagePairDataset(src, [len(s) for s in src], task.source_dictionary, tgt, [len(t) for t in tgt],
+                                  task.target_dictionary, left_pad_source=True, left_pad_target=False)
+    return [dataset.collater([dataset[i] for i in idx]) for idx in req["batches"]]
+
+
+def main(request_path, result_path):
+    _quiet()
+    with open(request_path) as f:
+        req = json.load(f)
+    torch, task, trainer = _setup(req)
+    torch.set_num_threads(req["threads"])
+    samples = _samples(torch, task, req)
+    losses, gnorms = [], []
+    step = task.train_step
+
+    def recording_step(sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        loss, sample_size, logging_output = step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        losses.append(float(logging_output["loss"]) / float(logging_output["ntokens"]))
+        return loss, sample_size, logging_output
+
+    task.train_step = recording_step
+    clip = trainer.clip_grad_norm
+
+    def recording_clip(clip_norm):
+        norm = clip(clip_norm)
+        gnorms.append(float(norm))
+        return norm
+
+    trainer.clip_grad_norm = recording_clip
+    for i in range(req["warmup"]):  # untimed: the optimizer is built, buffers allocated
+        trainer.train_step([samples[i % len(samples)]])
+    t0 = time.perf_counter()
+    for sample in samples:
+        trainer.train_step([sample])
+    seconds = time.perf_counter() - t0
+    import fairseq
+
+    out = dict(fairseq=getattr(fairseq, "__version__", "?"), torch=torch.__version__, threads=torch.get_num_threads(),
+               seconds=seconds, losses=losses, gnorms=gnorms, warmup=req["warmup"],
+               parameters=sum(p.numel() for p in trainer.model.parameters()))
+    tmp = result_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f)
+    os.replace(tmp, result_path)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: fairseq_train_driver.py REQUEST.json RESULT.json")
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,107 @@
+"""`convs2s bench vs-fairseq-train`: fairseq's training updates beside convs2s's.
+
+With a fairseq interpreter at hand (``CONVS2S_FAIRSEQ_PYTHON``, or the peer venv
+``../shared/peers/setup_fsq_venv.sh`` builds at ``~/.cache/fsq-venv``), a small model trains on
+both sides on the CPU and the first losses must be equal. fairseq is not a dependency, so the
+plumbing (the request, the interleaving, the report, the refusal when the losses differ) is also
+tested against a stand-in interpreter that answers from convs2s's own Trainer."""
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from convs2s.cli import main
+from convs2s_bench.vs_fairseq_train import TrainRequest, compare, losses_agree
+
+FAIRSEQ_PYTHON = os.environ.get("CONVS2S_FAIRSEQ_PYTHON", str(Path.home() / ".cache/fsq-venv/bin/python"))
+SMALL = dict(arch="fconv_iwslt_de_en", max_tokens=300, updates=2, warmup=1, repeats=2, check_updates=2, vocab=60,
+             threads=1)
+
+STAND_IN = textwrap.dedent('''
+    import json, os, sys
+    driver, request, result = sys.argv[1:]
+    assert os.path.basename(driver) == "fairseq_train_driver.py" and os.path.exists(driver)
+    req = json.load(open(request))
+    with open(os.environ["FAKE_FAIRSEQ_LOG"], "a") as f:
+        f.write(json.dumps({k: req[k] for k in ("dropout", "warmup", "batches", "threads", "lr", "clip_norm")}) + "\\n")
+    import torch
+    from convs2s_bench.vs_fairseq_train import TrainRequest, run_convs2s
+    from convs2s.fairseq_io import read_checkpoint
+    initial = read_checkpoint(os.path.join(req["folder"], "model.pt"))["model"]
+    r = TrainRequest(fairseq_python="-", arch=req["arch"], max_tokens=req["max_tokens"], lr=req["lr"],
+                     momentum=req["momentum"], clip_norm=req["clip_norm"], label_smoothing=req["label_smoothing"],
+                     seed=req["seed"], threads=req["threads"])
+    out = run_convs2s(r, req["folder"], req["batches"], initial, req["dropout"], req["warmup"])
+    if os.environ.get("FAKE_FAIRSEQ_DIFFER"):
+        out["losses"][0] *= 1.01
+    json.dump(dict(fairseq="stand-in", torch=torch.__version__, threads=req["threads"], seconds=out["seconds"],
+                   losses=out["losses"], gnorms=out["gnorms"], warmup=req["warmup"], parameters=0), open(result, "w"))
+''')
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    script = tmp_path / "fake_fairseq.py"
+    script.write_text(STAND_IN)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    python.chmod(0o755)
+    log = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("FAKE_FAIRSEQ_LOG", str(log))
+    return python, log
+
+
+def test_the_command_times_both_interleaved_and_compares_the_losses(stand_in, tmp_path, capsys):
+    python, log = stand_in
+    out_json = tmp_path / "train.json"
+    rc = main(["bench", "vs-fairseq-train", "--fairseq-python", str(python), "--max-tokens", "300", "--updates", "2",
+               "--warmup", "1", "--repeats", "2", "--check-updates", "2", "--vocab", "60", "--threads", "1",
+               "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    requests = [json.loads(line) for line in log.read_text().splitlines()]
+    # the loss check (dropout 0, no warm-up), then one timed pass per repeat
+    assert [(r["dropout"], r["warmup"]) for r in requests] == [(0.0, 0), (0.2, 1), (0.2, 1)]
+    assert len(requests[0]["batches"]) == 2 and requests[1]["batches"] == requests[2]["batches"]
+    assert all(r["threads"] == 1 and r["lr"] == 0.25 and r["clip_norm"] == 0.1 for r in requests)
+    result = json.loads(out_json.read_text())
+    assert result["losses"]["max_relative_difference"] < 1e-5, result["losses"]
+    assert len(result["rows"]["fairseq"]["seconds"]) == len(result["rows"]["convs2s"]["seconds"]) == 2
+    assert result["setup"]["flops_per_target_token"] > 0 and 0 < result["rows"]["convs2s"]["fraction_of_gemm_peak"] < 1
+    assert any(k.startswith("conv_glu") for k in result["ran"])
+    assert "convs2s / fairseq:" in out and "MFLOP per target token" in out
+
+
+def test_losses_that_differ_fail_the_command(stand_in, monkeypatch, capsys):
+    python, _ = stand_in
+    monkeypatch.setenv("FAKE_FAIRSEQ_DIFFER", "1")
+    rc = main(["bench", "vs-fairseq-train", "--fairseq-python", str(python), "--max-tokens", "300", "--updates", "1",
+               "--warmup", "0", "--repeats", "1", "--check-updates", "1", "--vocab", "60", "--threads", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "the first losses differ by 9.9e-03" in err
+
+
+def test_bad_options_are_one_line_errors(tmp_path, capsys):
+    rc = main(["bench", "vs-fairseq-train", "--fairseq-python", str(tmp_path / "missing")])
+    assert rc == 2 and "--fairseq-python" in capsys.readouterr().err
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexit 1\n")
+    python.chmod(0o755)
+    rc = main(["bench", "vs-fairseq-train", "--fairseq-python", str(python), "--data", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "not a convs2s data folder" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not os.access(FAIRSEQ_PYTHON, os.X_OK), reason="no fairseq interpreter (CONVS2S_FAIRSEQ_PYTHON "
+                    "or ../shared/peers/setup_fsq_venv.sh's ~/.cache/fsq-venv)")
+def test_real_fairseq_trains_the_same_model():
+    result = compare(TrainRequest(fairseq_python=FAIRSEQ_PYTHON, **SMALL), log=lambda m: None)
+    assert result["setup"]["fairseq_version"] == "0.12.2"
+    assert losses_agree(result, 1e-5), result["losses"]
+    assert len(result["losses"]["fairseq"]) == 2 and result["losses"]["gnorm_fairseq"][0] > 0
+    gn_ours, gn_theirs = result["losses"]["gnorm_convs2s"], result["losses"]["gnorm_fairseq"]
+    assert all(abs(a - b) <= 1e-4 * b for a, b in zip(gn_ours, gn_theirs)), (gn_ours, gn_theirs)
