@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from .atomic import append_line, atomic_torch_save, atomic_write_bytes
 from .data import DataError, DataFolder, TokenDataset, batch_by_tokens, collate, open_data_folder, perplexity
 from .errors import Convs2sError
+from .flops import gemm_gflops, training_flops
 from .fairseq_io import CheckpointError, fairseq_checkpoint, read_checkpoint
 from .model import ConvS2SModel, build_model
 from .special_tokens import PAD
@@ -245,6 +246,8 @@ class Trainer:
         self.save_dir = Path(cfg.save_dir)
         self.log_path = self.save_dir / "train_log.jsonl"
         self._stop_signal: Optional[str] = None
+        self.gemm_peak: Optional[float] = None  # GFLOP/s, measured when training starts (fp32 on a CPU)
+        self._kernels_ran: Optional[str] = None
 
     # --- state ---------------------------------------------------------------------------
     def checkpoint(self) -> dict:
@@ -327,7 +330,11 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64)
         nll_sum = torch.zeros((), dtype=torch.float64)
         ntokens = 0
+        flops = 0.0
         for j in range(self.info.rank, len(group), self.info.world_size):
+            idx = torch.as_tensor(group[j])
+            flops += training_flops(self.model, self.train_set.src_lengths[idx].tolist(),
+                                    self.train_set.tgt_lengths[idx].tolist())
             batch = collate(self.train_set, group[j]).to(self.device)
             torch.manual_seed(batch_seed(self.cfg.seed, epoch, first_batch_index + j))
             with self._autocast():
@@ -360,7 +367,8 @@ class Trainer:
             raise TrainingDiverged(f"the gradient norm became {gnorm} at update {self.progress.num_updates + 1}")
         self.optimizer.step()
         self.progress.num_updates += 1
-        return dict(loss=loss_sum / max(ntokens, 1), nll=nll_sum / max(ntokens, 1), ntokens=ntokens, gnorm=gnorm)
+        return dict(loss=loss_sum / max(ntokens, 1), nll=nll_sum / max(ntokens, 1), ntokens=ntokens, gnorm=gnorm,
+                    flops=flops)
 
     @torch.no_grad()
     def validate(self) -> Optional[float]:
@@ -488,6 +496,12 @@ class Trainer:
         elif resume:
             self.log(f"no {last} yet: starting a new run")
         n_params = sum(p.numel() for p in self.model.parameters())
+        if self.device.type == "cpu" and not c.bf16:
+            self.gemm_peak = gemm_gflops()
+            per_token = training_flops(self.model, [16], [16]) / 16
+            self.log(f"an update: {per_token / 1e6:.1f} MFLOP per target token (16-token sentences); fp32 GEMM "
+                     f"measured at {self.gemm_peak:.0f} GFLOP/s on {torch.get_num_threads()} threads: train_log.jsonl's "
+                     f"gflops_s and of_gemm_peak")
         self.log(f"{c.arch}: {n_params:,} parameters; {len(self.train_set)} training pairs; "
                  f"{self.info.world_size} process(es) x update-freq {c.update_freq}; "
                  f"{'bf16 autocast' if c.bf16 else 'fp32'} on {self.device}, {torch.get_num_threads()} threads")
@@ -506,7 +520,16 @@ class Trainer:
         per_update = self.info.world_size * self.cfg.update_freq
         t0 = time.perf_counter()
         self._apply_lr()
-        stats = self.train_step(groups[p.next_group], p.epoch, p.next_group * per_update)
+        if self._kernels_ran is None:  # the first update says which kernels served the ops
+            import convs2s_kernels as ck
+
+            with ck.count_dispatches() as counts:
+                stats = self.train_step(groups[p.next_group], p.epoch, p.next_group * per_update)
+            self._kernels_ran = ", ".join(f"{op} ({backend}) x{n}" for (op, backend), n in sorted(counts.items()))
+            self.log(f"an update ran: {self._kernels_ran or 'no fused ops'}")
+            self._write_log(dict(kind="kernels", update=p.num_updates, ran={f"{op} ({b})": n for (op, b), n in counts.items()}))
+        else:
+            stats = self.train_step(groups[p.next_group], p.epoch, p.next_group * per_update)
         p.next_group += 1
         p.train_seconds += time.perf_counter() - t0
         return stats
@@ -529,14 +552,19 @@ class Trainer:
         """Show the window's averages on the bar; every --log-interval updates write them to
         train_log.jsonl and start a new window."""
         p = self.progress
-        tok_s = window.ntokens / max(time.perf_counter() - window.t0, 1e-9)
+        seconds = max(time.perf_counter() - window.t0, 1e-9)
+        tok_s = window.ntokens / seconds
         loss = window.loss / window.ntokens
         ppl = perplexity(window.nll / window.ntokens)
         bar.set_postfix(loss=f"{loss:.3f}", ppl=f"{ppl:.2f}", tok_s=f"{tok_s:.0f}", lr=f"{self.current_lr():g}", refresh=False)
         bar.update(1)
         if window.n < self.cfg.log_interval:
             return window
-        self._write_log(dict(kind="train", epoch=p.epoch, update=p.num_updates, loss=loss, ppl=ppl, tok_s=tok_s,
+        roofline = {}
+        if self.gemm_peak:  # this process's products against its threads' measured GEMM rate
+            gflops_s = window.flops / seconds / 1e9
+            roofline = dict(gflops_s=gflops_s, of_gemm_peak=gflops_s / self.gemm_peak)
+        self._write_log(dict(kind="train", epoch=p.epoch, update=p.num_updates, loss=loss, ppl=ppl, tok_s=tok_s, **roofline,
                              lr=self.current_lr(), gnorm=window.gnorm / window.n, train_minutes=p.train_seconds / 60))
         return _Window()
 
@@ -600,6 +628,7 @@ class _Window:
     nll: float = 0.0
     gnorm: float = 0.0
     ntokens: int = 0
+    flops: float = 0.0  # this process's share
     n: int = 0
     t0: float = field(default_factory=time.perf_counter)
 
@@ -608,6 +637,7 @@ class _Window:
         self.nll += stats["nll"] * stats["ntokens"]
         self.gnorm += stats["gnorm"]
         self.ntokens += stats["ntokens"]
+        self.flops += stats["flops"]
         self.n += 1
 
 

@@ -124,6 +124,10 @@ def test_copy_task_reaches_near_zero_loss_and_decodes_held_out_inputs(tmp_path):
     assert summary["reason"] == "reached --max-update 170"
     assert read_log(tmp_path / "ckpt")[-1]["loss"] < 0.1
     assert summary["best_valid_ppl"] < 1.05
+    # the roofline: each window's FLOP/s against the GEMM rate measured at the start, and the kernels that ran
+    assert all(0 < r["gflops_s"] and 0 < r["of_gemm_peak"] < 1 for r in read_log(tmp_path / "ckpt"))
+    (kernels,) = read_log(tmp_path / "ckpt", "kernels")
+    assert kernels["update"] == 1 and any(k.startswith("conv_glu") for k in kernels["ran"])
 
     # the written checkpoint is a fairseq checkpoint the generator reads
     model, src_dict, tgt_dict = convs2s.load_fairseq(tmp_path / "ckpt" / "checkpoint_best.pt")
