@@ -27,7 +27,7 @@ import torch
 import convs2s
 import convs2s_kernels as ck
 from convs2s.data import TokenDataset, collate
-from convs2s.train import label_smoothed_nll
+from convs2s.train import batch_loss
 from convs2s_bench.roofline import sync
 from convs2s_bench.workload import random_sentences
 
@@ -44,8 +44,7 @@ class Runner:
     def update(self, batch) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            logits, _ = self.model(batch.src_tokens, None, batch.prev_output_tokens)
-        loss, _ = label_smoothed_nll(logits, batch.target, 0.1)
+            loss, _ = batch_loss(self.model, batch, 0.1)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 0.1)
         self.optimizer.step()

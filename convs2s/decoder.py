@@ -23,7 +23,7 @@ import convs2s_kernels as ck
 
 from .architectures import ConvS2SConfig
 from .encoder import EncoderOut, check_tokens
-from .layers import SQRT_HALF, Linear, conv_stack, embedding, make_positions, residual_input
+from .layers import SQRT_HALF, Linear, WeightNormed, conv_stack, embedding, make_positions, residual_input
 from .special_tokens import PAD
 
 
@@ -76,17 +76,32 @@ class Decoder(nn.Module):
 
     def output(self, x: torch.Tensor) -> torch.Tensor:
         """fc2, dropout, fc3: the last layer's output ``(..., C)`` -> logits ``(..., V)``."""
-        x = F.dropout(self.fc2(x), self.dropout, self.training)
-        return self.fc3(x)
+        return self.fc3(self.features(x))
+
+    def features(self, x: torch.Tensor, backend: Optional[str] = None) -> torch.Tensor:
+        """fc2 and dropout: what fc3 projects to the vocabulary."""
+        return ck.dropout(self.fc2(x), self.dropout, self.training, backend=backend)
+
+    def loss(self, features: torch.Tensor, target: torch.Tensor, label_smoothing: float,
+             backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """fc3 and the label-smoothed cross-entropy in one op (``convs2s_kernels.output_loss``: the
+        cpp backend never makes the whole logits): ``features (B, T, C)`` from ``forward(...,
+        features_only=True)``, ``target (B, T)`` -> ``(loss, nll)`` summed over non-pad targets."""
+        fc3 = self.fc3
+        weight = fc3.effective_weight() if isinstance(fc3, WeightNormed) else fc3.weight
+        return ck.output_loss(features.reshape(-1, features.shape[-1]), weight, fc3.bias, target.reshape(-1),
+                              label_smoothing=label_smoothing, ignore_index=PAD, backend=backend)
 
     def forward(self, prev_output_tokens: torch.Tensor, encoder_out: EncoderOut, need_attn: bool = True,
-                backend: Optional[str] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                backend: Optional[str] = None,
+                features_only: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Full-sequence forward: ``prev_output_tokens (B, T)`` (EOS first, right-padded) ->
-        ``(logits (B, T, V), attention averaged over layers (B, T, S) or None)``."""
+        ``(logits (B, T, V), attention averaged over layers (B, T, S) or None)``; with
+        ``features_only``, what fc3 would project instead of the logits (for :meth:`loss`)."""
         check_tokens("prev_output_tokens", prev_output_tokens, self.vocab_size, self.max_positions)
         tokens = prev_output_tokens.long()
         x = self.embed_tokens(tokens) + self.embed_positions(make_positions(tokens, PAD))
-        x = F.dropout(x, self.dropout, self.training)
+        x = ck.dropout(x, self.dropout, self.training, backend=backend)
         target_embedding = x
         x = self.fc1(x)
         residuals = [x]
@@ -94,7 +109,7 @@ class Decoder(nn.Module):
         num_layers = len(self.convolutions)
         for proj, conv, attention, r in zip(self.projections, self.convolutions, self.attention, self.residuals):
             residual = residual_input(residuals, proj, r)
-            x = F.dropout(x, self.dropout, self.training)
+            x = ck.dropout(x, self.dropout, self.training, backend=backend)
             w, b = conv.effective_weight(), conv.bias
             if attention is None:
                 x = ck.conv_glu(x, w, b, causal=True, residual=residual,
@@ -108,7 +123,8 @@ class Decoder(nn.Module):
                 if residual is not None:
                     x = (x + residual) * SQRT_HALF
             residuals.append(x)
-        return self.output(x), avg_attn
+        features = self.features(x, backend)
+        return (features if features_only else self.fc3(features)), avg_attn
 
     # --- the incremental step (fairseq's incremental_state) ------------------------------------
     def init_incremental_state(self, encoder_out: EncoderOut) -> "IncrementalState":

@@ -92,7 +92,7 @@ class Encoder(nn.Module):
         """``src_tokens (B, S)`` (left-padded, EOS last) -> :class:`EncoderOut`."""
         src_tokens, pad_mask = self.check_sources(src_tokens)
         x = self.embed_tokens(src_tokens) + self.embed_positions(make_positions(src_tokens, PAD))
-        x = F.dropout(x, self.dropout, self.training)
+        x = ck.dropout(x, self.dropout, self.training, backend=backend)
         input_embedding = x
         x = self.fc1(x)
         mask = pad_mask if bool(pad_mask.any()) else None
@@ -100,7 +100,7 @@ class Encoder(nn.Module):
         for proj, conv, r in zip(self.projections, self.convolutions, self.residuals):
             residual = residual_input(residuals, proj, r)
             # Dropout before masking equals fairseq's mask-then-dropout: dropped zeros stay zero.
-            x = F.dropout(x, self.dropout, self.training)
+            x = ck.dropout(x, self.dropout, self.training, backend=backend)
             x = ck.conv_glu(x, conv.effective_weight(), conv.bias, causal=False, residual=residual,
                             scale=SQRT_HALF if residual is not None else None, pad_mask=mask, backend=backend)
             residuals.append(x)

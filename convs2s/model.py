@@ -55,7 +55,7 @@ class ConvS2SModel(nn.Module):
         return self.encoder.max_positions, self.decoder.max_positions
 
     def forward(self, src_tokens: torch.Tensor, src_lengths: Optional[torch.Tensor],
-                prev_output_tokens: torch.Tensor, need_attn: Optional[bool] = None):
+                prev_output_tokens: torch.Tensor, need_attn: Optional[bool] = None, features_only: bool = False):
         if src_lengths is not None:
             if not isinstance(src_lengths, torch.Tensor) or src_lengths.shape != src_tokens.shape[:1]:
                 raise ValueError(f"src_lengths must be a ({src_tokens.shape[0]},) tensor of source lengths")
@@ -68,7 +68,8 @@ class ConvS2SModel(nn.Module):
             )
         if need_attn is None:
             need_attn = not self.training
-        return self.decoder(prev_output_tokens, encoder_out, need_attn=need_attn, backend=self.backend)
+        return self.decoder(prev_output_tokens, encoder_out, need_attn=need_attn, backend=self.backend,
+                            features_only=features_only)
 
     def use_backend(self, backend: Optional[str]) -> "ConvS2SModel":
         """Prefer ``backend`` for every op, falling back to the reference where it has no kernel."""

@@ -150,6 +150,13 @@ def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, eps: float):
     return (1.0 - eps - eps_i) * nll + eps_i * smooth, nll
 
 
+def batch_loss(model: ConvS2SModel, batch, label_smoothing: float):
+    """(smoothed loss sum, nll sum) of ``batch``: the model up to fc3, then fc3 and the loss in one
+    op (:meth:`convs2s.decoder.ConvDecoder.loss`), equal to :func:`label_smoothed_nll` of the logits."""
+    features, _ = model(batch.src_tokens, None, batch.prev_output_tokens, need_attn=False, features_only=True)
+    return model.decoder.loss(features, batch.target, label_smoothing, backend=model.backend)
+
+
 # --- distributed helpers -------------------------------------------------------------------------
 @dataclass
 class DistInfo:
@@ -338,8 +345,7 @@ class Trainer:
             batch = collate(self.train_set, group[j]).to(self.device)
             torch.manual_seed(batch_seed(self.cfg.seed, epoch, first_batch_index + j))
             with self._autocast():
-                logits, _ = self.model(batch.src_tokens, None, batch.prev_output_tokens)
-            loss, nll = label_smoothed_nll(logits, batch.target, self.cfg.label_smoothing)
+                loss, nll = batch_loss(self.model, batch, self.cfg.label_smoothing)
             loss.backward()
             loss_sum += loss.detach().double().cpu()
             nll_sum += nll.detach().double().cpu()
@@ -355,16 +361,18 @@ class Trainer:
         if not math.isfinite(loss_sum):
             raise TrainingDiverged(f"the training loss became {loss_sum} at update {self.progress.num_updates + 1}")
         # loss normalised by the number of non-pad target tokens of the whole update
-        flat.narrow(0, 0, flat.numel() - 3).div_(max(ntokens, 1))
+        grads = flat.narrow(0, 0, flat.numel() - 3).div_(max(ntokens, 1))
         offset = 0
         for p in params:
             n = p.numel()
             p.grad = flat[offset:offset + n].view_as(p)
             offset += n
-        gnorm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.clip_norm)) if self.cfg.clip_norm > 0 \
-            else float(torch.linalg.vector_norm(flat[:-3]))
+        # clip_grad_norm_ on the one buffer the gradients are views of: one norm, one scaling
+        gnorm = float(torch.linalg.vector_norm(grads))
         if not math.isfinite(gnorm):
             raise TrainingDiverged(f"the gradient norm became {gnorm} at update {self.progress.num_updates + 1}")
+        if self.cfg.clip_norm > 0 and self.cfg.clip_norm / (gnorm + 1e-6) < 1.0:
+            grads.mul_(self.cfg.clip_norm / (gnorm + 1e-6))
         self.optimizer.step()
         self.progress.num_updates += 1
         return dict(loss=loss_sum / max(ntokens, 1), nll=nll_sum / max(ntokens, 1), ntokens=ntokens, gnorm=gnorm,
@@ -385,8 +393,7 @@ class Trainer:
         for b in batches[self.info.rank::self.info.world_size]:
             batch = collate(self.valid_set, b).to(self.device)
             with self._autocast():
-                logits, _ = self.model(batch.src_tokens, None, batch.prev_output_tokens, need_attn=False)
-            _, nll = label_smoothed_nll(logits, batch.target, 0.0)
+                _, nll = batch_loss(self.model, batch, 0.0)
             sums += torch.tensor([float(nll), batch.ntokens], dtype=torch.float64)
 
     # --- the loop ----------------------------------------------------------------------------

@@ -45,6 +45,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "gradients of conv_glu_forward: (dx, dweight, dbias, dresidual)", py::arg("dout"), py::arg("x"),
         py::arg("weight"), py::arg("pre"), py::arg("pad_mask"), py::arg("causal"), py::arg("scale"),
         py::arg("need_residual_grad"));
+  m.def("dropout_apply", &convs2s::dropout_apply,
+        "x times the dropout mask hashed from (seed, index), over 1 - p (forward and backward alike)", py::arg("x"),
+        py::arg("p"), py::arg("seed"));
+  m.def("output_loss_forward", &convs2s::output_loss_forward,
+        "output projection + label-smoothed cross-entropy, block by block; returns (loss, nll[, dx, dweight, dbias])",
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("target"), py::arg("eps"), py::arg("ignore_index"),
+        py::arg("grads"), py::arg("block_rows"));
   m.def("set_few_rows_choice",
         [](int64_t form, const std::string& dtype, int64_t K, int64_t N, const std::vector<bool>& kernel_rows) {
           convs2s::set_few_rows_choice(form, convs2s::weight_dtype(dtype), K, N, kernel_rows);

@@ -61,6 +61,15 @@ std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& 
 std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tensor& x, const at::Tensor& weight,
                                           const at::Tensor& pre, const c10::optional<at::Tensor>& pad_mask,
                                           bool causal, double scale, bool need_residual_grad);
+// x times its dropout mask (a hash of seed and element index, kept with probability 1 - p) over
+// 1 - p: dropout_cpu.cpp. The same call with the same seed applies the mask to the gradient.
+at::Tensor dropout_apply(const at::Tensor& x, double p, int64_t seed);
+// The output projection x (N, C) @ weight (V, C)^T + bias and the label-smoothed cross-entropy
+// summed over rows whose target is not ignore_index, block_rows rows at a time: output_loss_cpu.cpp.
+// Returns (loss, nll) as float64 scalars, then (dx, dweight, dbias) for a gradient of 1 if grads.
+std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tensor& weight,
+                                            const c10::optional<at::Tensor>& bias, const at::Tensor& target, double eps,
+                                            int64_t ignore_index, bool grads, int64_t block_rows);
 // x (M, K) float32 quantised per row, times qweight (N, K) int8 with scale (N,): linear_w8a8_cpu.cpp.
 // packed: the same weight in pack_w8a8_weight's layout (64-column blocks, 4 k per column), which
 // the packed kernels read instead of packing per call. activation_bits: 8 (x quantised to

@@ -1,0 +1,44 @@
+"""``output_loss`` on the cpp backend (``csrc/output_loss_cpu.cpp``): the logits of a block of rows
+made, reduced and turned into their gradient while the block is in cache (``BLOCK_ROWS`` rows x V
+floats, a few MB: in L3), then multiplied into the input's and the weight's gradients; the whole
+``(N, V)`` logits never exist, nor their log-softmax or its gradient (each N x V x 4 bytes, 45 MB
+at 2,000 tokens and 5.5K words, written and read several times by the plain composition). The
+loss being the end of the graph, the gradients are made with it and scaled by the incoming
+gradient in backward. Every product is ATen's GEMM."""
+
+from __future__ import annotations
+
+import torch
+
+from ...dispatch import Capability, register
+from ...extension import native
+from .api import output_loss_tensors
+
+CAPABILITY = Capability(dtypes={"cpu": (torch.float32, torch.float64)}, backward=True)
+BLOCK_ROWS = 512  # 512 x 5.5K words x 4 bytes = 11 MB: in L3 (bench/results/amd-zen3-2c/training-ops.md)
+
+
+class _OutputLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, target, eps, ignore_index):
+        loss, nll, dx, dw, db = native().output_loss_forward(x, weight, bias, target, eps, ignore_index, True,
+                                                             BLOCK_ROWS)
+        ctx.save_for_backward(dx, dw, db if bias is not None else None)
+        nll = nll.to(x.dtype)
+        ctx.mark_non_differentiable(nll)
+        return loss.to(x.dtype), nll
+
+    @staticmethod
+    def backward(ctx, g, _g_nll):
+        dx, dw, db = ctx.saved_tensors
+        return dx * g, dw * g, None if db is None else db * g, None, None, None
+
+
+def output_loss_cpp(x, weight, bias, target, *, label_smoothing=0.0, ignore_index=1):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return _OutputLoss.apply(x, weight, bias, target, label_smoothing, ignore_index)
+    loss, nll = native().output_loss_forward(x, weight, bias, target, label_smoothing, ignore_index, False, BLOCK_ROWS)
+    return loss.to(x.dtype), nll.to(x.dtype)
+
+
+register("cpp", "output_loss", output_loss_cpp, CAPABILITY, output_loss_tensors)

@@ -1,0 +1,85 @@
+"""``output_loss``: the cpp backend (logits a block of rows at a time, gradients made with the
+loss) against the reference (the whole logits, log-softmax, autograd), in float64 and float32,
+forward and backward: odd sizes, several blocks, strided inputs, ignored rows, no bias, label
+smoothing on and off, a scaled incoming gradient, and the no-gradient path of validation."""
+
+import pytest
+import torch
+
+import convs2s_kernels as ck
+from convs2s_kernels.ops.output_loss import cpp as output_loss_cpp
+from harness import runnable
+
+PAD = 1
+
+
+def inputs(n, c, v, dtype, seed, strided=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c + 3 if strided else c, generator=g, dtype=dtype)
+    x = x[:, 1:c + 1] if strided else x
+    w = torch.randn(v, c, generator=g, dtype=dtype) / c ** 0.5
+    b = torch.randn(v, generator=g, dtype=dtype)
+    target = torch.randint(0, v, (n,), generator=g)
+    target[::4] = PAD  # ignored rows, among them the first
+    return x, w, b, target
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("n,c,v", [(1, 3, 5), (37, 16, 23), (130, 31, 257)])
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+def test_cpp_matches_reference_float64_forward_and_backward(n, c, v, eps, bias, strided, monkeypatch):
+    monkeypatch.setattr(output_loss_cpp, "BLOCK_ROWS", 16)  # several blocks and a ragged last one
+    x, w, b, target = inputs(n, c, v, torch.float64, n * 100 + v, strided)
+    b = b if bias else None
+    runnable("cpp", "output_loss", x, w, b, target)
+    results = []
+    for backend in ("cpp", "reference"):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
+        loss, nll = ck.output_loss(leaves[0], leaves[1], leaves[2] if bias else None, target, label_smoothing=eps,
+                                   backend=backend)
+        assert not nll.requires_grad
+        grads = torch.autograd.grad(loss * 1.7, leaves)  # an incoming gradient other than 1
+        results.append((loss.detach(), nll, grads))
+    (loss, nll, grads), (want_loss, want_nll, want_grads) = results
+    torch.testing.assert_close(loss, want_loss, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(nll, want_nll, rtol=1e-12, atol=1e-12)
+    for got, want in zip(grads, want_grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_cpp_float32_matches_the_float64_reference():
+    x, w, b, target = inputs(600, 64, 1001, torch.float32, 7)  # 600 rows: two blocks of the default size
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    loss, nll = ck.output_loss(*leaves, target, label_smoothing=0.1, backend="cpp")
+    grads = torch.autograd.grad(loss, leaves)
+    ref = [t.double().requires_grad_() for t in (x, w, b)]
+    want, want_nll = ck.output_loss_ref(*ref, target, label_smoothing=0.1)
+    want_grads = torch.autograd.grad(want, ref)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss.double(), want, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(nll.double(), want_nll, rtol=1e-6, atol=1e-4)
+    for got, w64 in zip(grads, want_grads):
+        torch.testing.assert_close(got.double(), w64, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "reference"])
+def test_without_gradients_only_the_loss_is_made(backend):
+    x, w, b, target = inputs(50, 8, 30, torch.float64, 3)
+    with torch.no_grad():
+        loss, nll = ck.output_loss(x, w, b, target, label_smoothing=0.1, backend=backend)
+    want, want_nll = ck.output_loss_ref(x, w, b, target, label_smoothing=0.1)
+    torch.testing.assert_close(loss, want.detach())
+    torch.testing.assert_close(nll, want_nll)
+
+
+def test_bad_inputs_are_refused_in_the_callers_terms():
+    x, w, b, target = inputs(5, 4, 9, torch.float32, 1)
+    with pytest.raises(ValueError, match="weight expects 4 input features but x has 3"):
+        ck.output_loss(x[:, :3], w, b, target)
+    with pytest.raises(TypeError, match="target must be a 1-D integer tensor"):
+        ck.output_loss(x, w, b, target.float())
+    with pytest.raises(ValueError, match=r"target"):
+        ck.output_loss(x, w, b, target[:4])
+    with pytest.raises(ValueError, match=r"label_smoothing must lie in \[0, 1\)"):
+        ck.output_loss(x, w, b, target, label_smoothing=1.0)
