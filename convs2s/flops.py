@@ -29,12 +29,14 @@ def training_flops(model, source_lengths: Sequence[int], target_lengths: Sequenc
     return 3.0 * forward
 
 
-def gemm_gflops(n: int = 1024, repeats: int = 3) -> float:
+def gemm_gflops(n: int = 1024, repeats: int = 10) -> float:
     """The best GFLOP/s of an fp32 ``n^3`` matmul on this machine's CPU threads: the rate the
-    training's products run at when the libraries run them at their best."""
+    training's products run at when the libraries run them at their best. Best of ``repeats``
+    after two warm-ups: the first products also start the library's thread pool and the clocks."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     out = torch.empty(n, n)
-    torch.mm(a, b, out=out)  # warm-up: allocation, library dispatch
+    for _ in range(2):  # warm-up: allocation, library dispatch, threads
+        torch.mm(a, b, out=out)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -99,7 +99,11 @@ def main(request_path, result_path):
     seconds = time.perf_counter() - t0
     import fairseq
 
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    allocator = next((k for k in ("tcmalloc", "jemalloc") if k in maps), "glibc malloc")
     out = dict(fairseq=getattr(fairseq, "__version__", "?"), torch=torch.__version__, threads=torch.get_num_threads(),
+               allocator=allocator,
                seconds=seconds, losses=losses, gnorms=gnorms, warmup=req["warmup"],
                parameters=sum(p.numel() for p in trainer.model.parameters()))
     tmp = result_path + ".tmp"

@@ -180,7 +180,7 @@ def compare(req: TrainRequest, log=print) -> dict:
         ours = run_convs2s(req, data, check, initial, 0.0, 0)
         theirs = run_fairseq(req, data, langs, dataset, check, 0.0, 0)
         times: Dict[str, List[float]] = {"fairseq": [], "convs2s": []}
-        ran, fairseq_version = {}, None
+        ran, fairseq_version, fairseq_allocator = {}, None, None
         for rep in range(req.repeats):
             order = ("fairseq", "convs2s") if rep % 2 == 0 else ("convs2s", "fairseq")
             for system in order:
@@ -189,17 +189,18 @@ def compare(req: TrainRequest, log=print) -> dict:
                     ran = out["ran"]
                 else:
                     out = run_fairseq(req, data, langs, dataset, timed, req.dropout, req.warmup)
-                    fairseq_version = out["fairseq"]
+                    fairseq_version, fairseq_allocator = out["fairseq"], out.get("allocator")
                 times[system].append(out["seconds"])
                 log(f"repeat {rep + 1}/{req.repeats} {system:<8} {out['seconds']:.2f} s "
                     f"({tokens / out['seconds']:,.0f} target tokens/s)")
     from convs2s_bench.roofline import gemm_peak_gflops
 
     peak = gemm_peak_gflops("cpu", torch.float32)
-    return _result(req, times, tokens, flops, peak, ours, theirs, ran, fairseq_version, model, len(timed))
+    return _result(req, times, tokens, flops, peak, ours, theirs, ran, (fairseq_version, fairseq_allocator), model,
+                   len(timed))
 
 
-def _result(req, times, tokens, flops, peak, ours, theirs, ran, fairseq_version, model, n_updates) -> dict:
+def _result(req, times, tokens, flops, peak, ours, theirs, ran, fairseq, model, n_updates) -> dict:
     from convs2s_kernels.env import machine_description
 
     rows = {}
@@ -216,7 +217,8 @@ def _result(req, times, tokens, flops, peak, ours, theirs, ran, fairseq_version,
         served[f"{op} ({backend})"] = served.get(f"{op} ({backend})", 0) + n
     return dict(
         setup=dict(asdict(req), parameters=model.num_parameters(), updates=n_updates, target_tokens=tokens,
-                   flops_per_target_token=flops / tokens, fairseq_version=fairseq_version, torch=torch.__version__),
+                   flops_per_target_token=flops / tokens, fairseq_version=fairseq[0], fairseq_allocator=fairseq[1],
+                   torch=torch.__version__),
         machine=machine_description("cpu"), gemm_peak_gflops=peak, rows=rows,
         speedup=dict(median=statistics.median(ratios), min=ratios[0], max=ratios[-1]),
         losses=dict(convs2s=ours["losses"], fairseq=theirs["losses"], gnorm_convs2s=ours["gnorms"],
@@ -237,7 +239,8 @@ def format_result(result: dict) -> str:
              f"{s['max_tokens']:,} tokens ({s['target_tokens']:,} target tokens), dropout {s['dropout']:g}, "
              f"label smoothing {s['label_smoothing']:g}, NAG lr {s['lr']:g} momentum {s['momentum']:g}, clip "
              f"{s['clip_norm']:g}; {m['cpu']}, {s['threads']} threads, {', '.join(m['isa'])}; fairseq "
-             f"{s['fairseq_version']}, torch {s['torch']}.",
+             f"{s['fairseq_version']} on {s.get('fairseq_allocator') or 'unknown'}, convs2s on {m['allocator']}, "
+             f"torch {s['torch']}.",
              f"An update: {s['flops_per_target_token'] / 1e6:.1f} MFLOP per target token (forward + backward, 3x the "
              f"forward's products); fp32 GEMM peak measured in this run: {result['gemm_peak_gflops']:.0f} GFLOP/s.",
              "", "| system | target tokens/s (median) | range | GFLOP/s | of GEMM peak |", "|---|---|---|---|---|"]
