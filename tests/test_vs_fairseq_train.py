@@ -76,6 +76,15 @@ def test_the_command_times_both_interleaved_and_compares_the_losses(stand_in, tm
     assert "convs2s / fairseq:" in out and "MFLOP per target token" in out
 
 
+def test_each_repeat_is_kept_as_it_ends(stand_in):
+    python, _ = stand_in
+    seen = []
+    result = compare(TrainRequest(fairseq_python=str(python), **dict(SMALL, repeats=2, updates=1)), log=lambda m: None,
+                     on_update=lambda partial: seen.append(json.loads(json.dumps(partial))))
+    assert [len(r["rows"]["convs2s"]["seconds"]) for r in seen] == [1, 2]
+    assert seen[-1]["rows"] == json.loads(json.dumps(result["rows"]))
+
+
 def test_losses_that_differ_fail_the_command(stand_in, monkeypatch, capsys):
     python, _ = stand_in
     monkeypatch.setenv("FAKE_FAIRSEQ_DIFFER", "1")

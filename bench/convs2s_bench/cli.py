@@ -156,7 +156,8 @@ def vs_fairseq_train(args) -> int:
                        updates=args.updates, warmup=args.warmup, repeats=args.repeats,
                        check_updates=args.check_updates, dropout=args.dropout, label_smoothing=args.label_smoothing,
                        vocab=args.vocab, seed=args.seed, backend=args.backend, threads=torch.get_num_threads())
-    result = _reported_as(VsFairseqTrainError, lambda: compare(req, log=_log))
+    save = (lambda partial: atomic_write_text(args.json, json.dumps(partial, indent=1))) if args.json else None
+    result = _reported_as(VsFairseqTrainError, lambda: compare(req, log=_log, on_update=save))  # kept per repeat
     print(format_result(result))
     if args.json:
         atomic_write_text(args.json, json.dumps(result, indent=1))

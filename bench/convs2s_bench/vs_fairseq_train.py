@@ -157,10 +157,13 @@ def run_fairseq(req: TrainRequest, folder: str, langs, dataset, batches, dropout
             return json.load(f)
 
 
-def compare(req: TrainRequest, log=print) -> dict:
-    """The loss check, then ``repeats`` interleaved timings of both systems."""
+def compare(req: TrainRequest, log=print, on_update=None) -> dict:
+    """The loss check, then ``repeats`` interleaved timings of both systems; ``on_update(result)``
+    after every repeat with the result so far (a long comparison keeps what it measured)."""
     import convs2s
     from convs2s.flops import training_flops
+
+    from .roofline import gemm_peak_gflops
 
     if not os.path.exists(req.fairseq_python):
         raise VsFairseqTrainError(f"--fairseq-python {req.fairseq_python} does not exist (build a fairseq venv "
@@ -181,6 +184,12 @@ def compare(req: TrainRequest, log=print) -> dict:
         theirs = run_fairseq(req, data, langs, dataset, check, 0.0, 0)
         times: Dict[str, List[float]] = {"fairseq": [], "convs2s": []}
         ran, fairseq_version, fairseq_allocator = {}, None, None
+        peak = gemm_peak_gflops("cpu", torch.float32)  # beside the timings, before them
+
+        def result():
+            return _result(req, times, tokens, flops, peak, ours, theirs, ran, (fairseq_version, fairseq_allocator),
+                           model, len(timed))
+
         for rep in range(req.repeats):
             order = ("fairseq", "convs2s") if rep % 2 == 0 else ("convs2s", "fairseq")
             for system in order:
@@ -193,11 +202,9 @@ def compare(req: TrainRequest, log=print) -> dict:
                 times[system].append(out["seconds"])
                 log(f"repeat {rep + 1}/{req.repeats} {system:<8} {out['seconds']:.2f} s "
                     f"({tokens / out['seconds']:,.0f} target tokens/s)")
-    from convs2s_bench.roofline import gemm_peak_gflops
-
-    peak = gemm_peak_gflops("cpu", torch.float32)
-    return _result(req, times, tokens, flops, peak, ours, theirs, ran, (fairseq_version, fairseq_allocator), model,
-                   len(timed))
+            if on_update is not None:
+                on_update(result())
+    return result()
 
 
 def _result(req, times, tokens, flops, peak, ours, theirs, ran, fairseq, model, n_updates) -> dict:
