@@ -14,6 +14,7 @@ with the training state under the extra key ``convs2s_train``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -30,6 +31,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+import convs2s_kernels as ck
 
 from .atomic import append_line, atomic_torch_save, atomic_write_bytes
 from .data import DataError, DataFolder, TokenDataset, batch_by_tokens, collate, open_data_folder, perplexity
@@ -254,7 +257,7 @@ class Trainer:
         self.log_path = self.save_dir / "train_log.jsonl"
         self._stop_signal: Optional[str] = None
         self.gemm_peak: Optional[float] = None  # GFLOP/s, measured when training starts (fp32 on a CPU)
-        self._kernels_ran: Optional[str] = None
+        self._kernels_logged = False
 
     # --- state ---------------------------------------------------------------------------
     def checkpoint(self) -> dict:
@@ -527,16 +530,14 @@ class Trainer:
         per_update = self.info.world_size * self.cfg.update_freq
         t0 = time.perf_counter()
         self._apply_lr()
-        if self._kernels_ran is None:  # the first update says which kernels served the ops
-            import convs2s_kernels as ck
-
-            with ck.count_dispatches() as counts:
-                stats = self.train_step(groups[p.next_group], p.epoch, p.next_group * per_update)
-            self._kernels_ran = ", ".join(f"{op} ({backend}) x{n}" for (op, backend), n in sorted(counts.items()))
-            self.log(f"an update ran: {self._kernels_ran or 'no fused ops'}")
-            self._write_log(dict(kind="kernels", update=p.num_updates, ran={f"{op} ({b})": n for (op, b), n in counts.items()}))
-        else:
+        first = not self._kernels_logged  # the first update says which kernels served the ops
+        with ck.count_dispatches() if first else contextlib.nullcontext() as counts:
             stats = self.train_step(groups[p.next_group], p.epoch, p.next_group * per_update)
+        if first:
+            ran = {f"{op} ({backend})": n for (op, backend), n in sorted(counts.items())}
+            self.log(f"an update ran: {', '.join(f'{k} x{n}' for k, n in ran.items()) or 'no fused ops'}")
+            self._write_log(dict(kind="kernels", update=p.num_updates, ran=ran))
+            self._kernels_logged = True
         p.next_group += 1
         p.train_seconds += time.perf_counter() - t0
         return stats

@@ -96,3 +96,21 @@ def tiny_fconv(width: int, decoder_layers: int, vocab: int):
                                decoder_out_embed_dim=width, encoder_layers=f"[({width}, 3)] * 2",
                                decoder_layers=f"[({width}, 3)] * {decoder_layers}", dropout=0.0
                                ).fold_weight_norm().eval()
+
+
+@pytest.fixture
+def fake_fairseq(tmp_path, monkeypatch):
+    """``make(script)``: a stand-in fairseq interpreter (an executable that runs ``script`` with
+    this Python) and the file its requests are logged to (``FAKE_FAIRSEQ_LOG``), for the
+    ``bench vs-fairseq`` commands' tests: fairseq is a peer, never installed with convs2s."""
+    def make(script: str):
+        path = tmp_path / "fake_fairseq.py"
+        path.write_text(script)
+        python = tmp_path / "python"
+        python.write_text(f"#!/bin/sh\nexec {sys.executable} {path} \"$@\"\n")
+        python.chmod(0o755)
+        log = tmp_path / "requests.jsonl"
+        monkeypatch.setenv("FAKE_FAIRSEQ_LOG", str(log))
+        return python, log
+
+    return make

@@ -7,7 +7,6 @@ They prove the request (sentences, batches, forced lengths, beam, threads, cache
 timing and the agreement report; the real fairseq run is committed under bench/results/."""
 
 import json
-import sys
 import textwrap
 
 import pytest
@@ -50,15 +49,8 @@ STAND_IN = textwrap.dedent('''
 
 
 @pytest.fixture
-def stand_in(tmp_path, monkeypatch):
-    script = tmp_path / "fake_fairseq.py"
-    script.write_text(STAND_IN)
-    python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
-    python.chmod(0o755)
-    log = tmp_path / "requests.jsonl"
-    monkeypatch.setenv("FAKE_FAIRSEQ_LOG", str(log))
-    return python, log
+def stand_in(fake_fairseq):
+    return fake_fairseq(STAND_IN)
 
 
 def test_vs_fairseq_times_both_and_checks_the_outputs(fixture_dir, stand_in, tmp_path, capsys):

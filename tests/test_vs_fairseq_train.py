@@ -44,20 +44,22 @@ STAND_IN = textwrap.dedent('''
 
 
 @pytest.fixture
-def stand_in(tmp_path, monkeypatch):
-    script = tmp_path / "fake_fairseq.py"
-    script.write_text(STAND_IN)
-    python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
-    python.chmod(0o755)
-    log = tmp_path / "requests.jsonl"
-    monkeypatch.setenv("FAKE_FAIRSEQ_LOG", str(log))
-    return python, log
+def stand_in(fake_fairseq):
+    return fake_fairseq(STAND_IN)
 
 
-def test_the_command_times_both_interleaved_and_compares_the_losses(stand_in, tmp_path, capsys):
+def test_the_command_times_both_interleaved_and_compares_the_losses(stand_in, tmp_path, capsys, monkeypatch):
     python, log = stand_in
     out_json = tmp_path / "train.json"
+    import convs2s.atomic
+
+    written, write = [], convs2s.atomic.atomic_write_text
+    def recording(path, text, *args, **kwargs):
+        if str(path) == str(out_json):
+            written.append(json.loads(text))
+        return write(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(convs2s.atomic, "atomic_write_text", recording)
     rc = main(["bench", "vs-fairseq-train", "--fairseq-python", str(python), "--max-tokens", "300", "--updates", "2",
                "--warmup", "1", "--repeats", "2", "--check-updates", "2", "--vocab", "60", "--threads", "1",
                "--json", str(out_json)])
@@ -74,15 +76,8 @@ def test_the_command_times_both_interleaved_and_compares_the_losses(stand_in, tm
     assert result["setup"]["flops_per_target_token"] > 0 and 0 < result["rows"]["convs2s"]["fraction_of_gemm_peak"] < 1
     assert any(k.startswith("conv_glu") for k in result["ran"])
     assert "convs2s / fairseq:" in out and "MFLOP per target token" in out
-
-
-def test_each_repeat_is_kept_as_it_ends(stand_in):
-    python, _ = stand_in
-    seen = []
-    result = compare(TrainRequest(fairseq_python=str(python), **dict(SMALL, repeats=2, updates=1)), log=lambda m: None,
-                     on_update=lambda partial: seen.append(json.loads(json.dumps(partial))))
-    assert [len(r["rows"]["convs2s"]["seconds"]) for r in seen] == [1, 2]
-    assert seen[-1]["rows"] == json.loads(json.dumps(result["rows"]))
+    # --json kept each repeat as it ended, then the whole result
+    assert [len(r["rows"]["convs2s"]["seconds"]) for r in written] == [1, 2, 2] and written[-1] == result
 
 
 def test_losses_that_differ_fail_the_command(stand_in, monkeypatch, capsys):

@@ -19,12 +19,30 @@ import sys
 import time
 
 
-def _quiet():
+def quiet():
+    """fairseq's INFO logs and warnings off: the caller reports fairseq's last stderr lines on failure."""
     import logging
     import warnings
 
     logging.basicConfig(level=logging.WARNING)
+    for name in ("fairseq", "fairseq.trainer", "fairseq.tasks", "fairseq.models", "fairseq.utils"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
+
+
+def allocator() -> str:
+    """The malloc this process runs on (tcmalloc or jemalloc preloaded, else glibc's)."""
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    return next((k for k in ("tcmalloc", "jemalloc") if k in maps), "glibc malloc")
+
+
+def write_result(out: dict, result_path: str) -> None:
+    """The result as JSON, written atomically: a killed driver leaves no half a result."""
+    tmp = result_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f)
+    os.replace(tmp, result_path)
 
 
 def _cache_linearized_weights():
@@ -62,7 +80,7 @@ def _generator(task, model, cfg, beam, forced):
 
 
 def main(request_path, result_path):
-    _quiet()
+    quiet()
     with open(request_path) as f:
         req = json.load(f)
     if req.get("cache_linearized_weight"):
@@ -86,16 +104,10 @@ def main(request_path, result_path):
                 nbest[sid] = [dict(tokens=h["tokens"].tolist(), score=float(h["score"])) for h in hs]
     import fairseq
 
-    with open("/proc/self/maps") as f:
-        maps = f.read()
-    allocator = next((k for k in ("tcmalloc", "jemalloc") if k in maps), "glibc malloc")
-    out = dict(fairseq=getattr(fairseq, "__version__", "?"), torch=torch.__version__, allocator=allocator,
+    out = dict(fairseq=getattr(fairseq, "__version__", "?"), torch=torch.__version__, allocator=allocator(),
                threads=torch.get_num_threads(), batch_seconds=seconds,
                nbest=[nbest[i] for i in range(len(req["sentences"]))])
-    tmp = result_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(out, f)
-    os.replace(tmp, result_path)
+    write_result(out, result_path)
 
 
 if __name__ == "__main__":

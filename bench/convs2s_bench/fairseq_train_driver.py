@@ -1,7 +1,8 @@
 """Times fairseq's own training updates on a request from ``convs2s bench vs-fairseq --train``.
 
 This file runs under the *fairseq* interpreter (a separate venv where fairseq is installed),
-never inside convs2s: it imports only fairseq, torch and the standard library.
+never inside convs2s: it imports only fairseq, torch, the standard library and its sibling
+``fairseq_driver.py`` (the helpers both drivers share).
 
     FAIRSEQ_PYTHON fairseq_train_driver.py REQUEST.json RESULT.json
 
@@ -22,15 +23,10 @@ import os
 import sys
 import time
 
-
-def _quiet():
-    import logging
-    import warnings
-
-    logging.basicConfig(level=logging.WARNING)
-    for name in ("fairseq", "fairseq.trainer", "fairseq.tasks", "fairseq.models", "fairseq.utils"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore")
+try:  # imported within convs2s_bench, or run as a script with fairseq_driver.py beside it on sys.path
+    from .fairseq_driver import allocator, quiet, write_result
+except ImportError:
+    from fairseq_driver import allocator, quiet, write_result
 
 
 def _setup(req):
@@ -68,7 +64,7 @@ def _samples(torch, task, req):
 
 
 def main(request_path, result_path):
-    _quiet()
+    quiet()
     with open(request_path) as f:
         req = json.load(f)
     torch, task, trainer = _setup(req)
@@ -99,17 +95,11 @@ def main(request_path, result_path):
     seconds = time.perf_counter() - t0
     import fairseq
 
-    with open("/proc/self/maps") as f:
-        maps = f.read()
-    allocator = next((k for k in ("tcmalloc", "jemalloc") if k in maps), "glibc malloc")
     out = dict(fairseq=getattr(fairseq, "__version__", "?"), torch=torch.__version__, threads=torch.get_num_threads(),
-               allocator=allocator,
+               allocator=allocator(),
                seconds=seconds, losses=losses, gnorms=gnorms, warmup=req["warmup"],
                parameters=sum(p.numel() for p in trainer.model.parameters()))
-    tmp = result_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(out, f)
-    os.replace(tmp, result_path)
+    write_result(out, result_path)
 
 
 if __name__ == "__main__":

@@ -52,21 +52,29 @@ def plan_batches(sentences: Sequence[Sequence[int]], batch_size: int):
     return batches, forced_lengths([sentences[b[0]] for b in batches])  # the speed table's rule
 
 
-def run_fairseq(python: str, checkpoint: str, sentences, batches, forced, beam: int, threads: int,
-                cached: bool) -> dict:
-    """fairseq's generator in its own interpreter; returns the driver's result."""
-    driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fairseq_driver.py")
+def run_driver(python: str, driver: str, request: dict, error=None) -> dict:
+    """``driver`` (a file of this package: ``fairseq_driver.py``, ``fairseq_train_driver.py``) run
+    by the fairseq interpreter ``python`` on ``request``; returns its result, or raises ``error``
+    (default :class:`VsFairseqError`) with fairseq's last error lines."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), driver)
     with tempfile.TemporaryDirectory(prefix="vs-fairseq-") as tmp:
         req, res = os.path.join(tmp, "request.json"), os.path.join(tmp, "result.json")
         with open(req, "w") as f:
-            json.dump(dict(checkpoint=os.path.abspath(checkpoint), sentences=sentences, batches=batches,
-                           forced=forced, beam=beam, threads=threads, cache_linearized_weight=cached), f)
-        proc = subprocess.run([python, driver, req, res], capture_output=True, text=True)
+            json.dump(request, f)
+        proc = subprocess.run([python, path, req, res], capture_output=True, text=True)
         if proc.returncode != 0 or not os.path.exists(res):
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or f"exit code {proc.returncode}"
-            raise VsFairseqError(f"fairseq ({python}) failed: {tail}")
+            raise (error or VsFairseqError)(f"fairseq ({python}) failed: {tail}")
         with open(res) as f:
             return json.load(f)
+
+
+def run_fairseq(python: str, checkpoint: str, sentences, batches, forced, beam: int, threads: int,
+                cached: bool) -> dict:
+    """fairseq's generator in its own interpreter; returns the driver's result."""
+    return run_driver(python, "fairseq_driver.py", dict(
+        checkpoint=os.path.abspath(checkpoint), sentences=sentences, batches=batches, forced=forced, beam=beam,
+        threads=threads, cache_linearized_weight=cached))
 
 
 def run_convs2s(model, sentences, batches, forced, beam: int, config) -> dict:

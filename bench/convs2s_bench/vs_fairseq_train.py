@@ -16,11 +16,9 @@ masks otherwise): the first ``check_updates`` updates from the initial weights, 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,6 +28,7 @@ import torch
 
 from convs2s.errors import Convs2sError
 
+from .vs_fairseq import run_driver
 from .workload import random_sentences
 
 
@@ -78,6 +77,7 @@ def _workload(req: TrainRequest, folder: str):
     from convs2s.data import TokenDataset, batch_by_tokens, open_data_folder, write_data_folder
     from convs2s.dictionary import Dictionary
 
+    needed = max(req.updates, req.check_updates, req.warmup)
     if req.data:
         try:
             source = open_data_folder(req.data)
@@ -86,12 +86,12 @@ def _workload(req: TrainRequest, folder: str):
             raise VsFairseqTrainError(f"--data: {exc}") from None
         src_dict, tgt_dict, langs = source.src_dict, source.tgt_dict, (source.src_lang, source.tgt_lang)
     else:
-        src, tgt = random_pairs(40 * req.max_tokens // 10 + 2000, req.vocab, req.seed)
+        # enough for every batch needed: a batch holds at most max_tokens / 4 sentences (3 words and EOS)
+        src, tgt = random_pairs(needed * (req.max_tokens // 4 + 1), req.vocab, req.seed)
         full = TokenDataset(src, tgt)
         src_dict = tgt_dict = Dictionary([f"w{i}" for i in range(4, req.vocab)])
         langs = ("src", "tgt")
     batches = batch_by_tokens(full.src_lengths, full.tgt_lengths, req.max_tokens, seed=req.seed, epoch=1)
-    needed = max(req.updates, req.check_updates, req.warmup)
     if len(batches) < needed:
         raise VsFairseqTrainError(f"the data makes {len(batches)} batches of {req.max_tokens} tokens; "
                                   f"{needed} are needed (--updates, --check-updates, --warmup)")
@@ -139,22 +139,12 @@ def run_convs2s(req: TrainRequest, data: str, batches, initial: dict, dropout: f
 
 
 def run_fairseq(req: TrainRequest, folder: str, langs, dataset, batches, dropout: float, warmup: int) -> dict:
-    driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fairseq_train_driver.py")
-    with tempfile.TemporaryDirectory(prefix="vs-fairseq-train-") as tmp:
-        path, res = os.path.join(tmp, "request.json"), os.path.join(tmp, "result.json")
-        with open(path, "w") as f:
-            json.dump(dict(folder=folder, source_lang=langs[0], target_lang=langs[1], arch=req.arch, dropout=dropout,
-                           lr=req.lr, momentum=req.momentum, clip_norm=req.clip_norm,
-                           label_smoothing=req.label_smoothing, max_tokens=req.max_tokens, seed=req.seed,
-                           threads=req.threads, warmup=warmup,
-                           sources=[dataset.source(i).tolist() for i in range(len(dataset))],
-                           targets=[dataset.target(i).tolist() for i in range(len(dataset))], batches=batches), f)
-        proc = subprocess.run([req.fairseq_python, driver, path, res], capture_output=True, text=True)
-        if proc.returncode != 0 or not os.path.exists(res):
-            tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or f"exit code {proc.returncode}"
-            raise VsFairseqTrainError(f"fairseq ({req.fairseq_python}) failed: {tail}")
-        with open(res) as f:
-            return json.load(f)
+    return run_driver(req.fairseq_python, "fairseq_train_driver.py", dict(
+        folder=folder, source_lang=langs[0], target_lang=langs[1], arch=req.arch, dropout=dropout, lr=req.lr,
+        momentum=req.momentum, clip_norm=req.clip_norm, label_smoothing=req.label_smoothing,
+        max_tokens=req.max_tokens, seed=req.seed, threads=req.threads, warmup=warmup,
+        sources=[dataset.source(i).tolist() for i in range(len(dataset))],
+        targets=[dataset.target(i).tolist() for i in range(len(dataset))], batches=batches), VsFairseqTrainError)
 
 
 def compare(req: TrainRequest, log=print, on_update=None) -> dict:
@@ -218,10 +208,7 @@ def _result(req, times, tokens, flops, peak, ours, theirs, ran, fairseq, model, 
         rows[system]["fraction_of_gemm_peak"] = rows[system]["gflops_per_s"] / peak
     ratios = sorted(f / c for f, c in zip(times["fairseq"], times["convs2s"]))  # per repeat, side by side
     diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours["losses"], theirs["losses"]))
-    served: Dict[str, int] = {}
-    for key, n in ran.items():
-        op, backend = key if isinstance(key, tuple) else (key, "?")
-        served[f"{op} ({backend})"] = served.get(f"{op} ({backend})", 0) + n
+    served = {f"{op} ({backend})": n for (op, backend), n in ran.items()}  # count_dispatches' keys
     return dict(
         setup=dict(asdict(req), parameters=model.num_parameters(), updates=n_updates, target_tokens=tokens,
                    flops_per_target_token=flops / tokens, fairseq_version=fairseq[0], fairseq_allocator=fairseq[1],
