@@ -33,9 +33,18 @@ TUNED_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("shape", [pytest.param(s, id=f"B{s[0]}_T{s[1]}_C{s[2]}_k{s[3]}_{'causal' if s[4] else 'centred'}")
                                    for s in SHAPES])
-@pytest.mark.parametrize("backend", ["reference", "cpp", "triton"])
-def test_conv_glu(benchmark, runnable, peaks, device, backend, shape, dtype_name, mode):
+@pytest.mark.parametrize("backend", ["reference", "cpp", "cpp-im2col", "triton"])
+def test_conv_glu(benchmark, runnable, peaks, device, backend, shape, dtype_name, mode, monkeypatch):
+    """``cpp``: in training (fwd_bwd) its width-3 convolutions run Winograd tiles (fewer products:
+    the row counts those it ran); ``cpp-im2col``: the same kernel made to keep im2col and one GEMM."""
+    from convs2s_kernels.ops.conv_glu.cpp import winograd_tile
+
     B, T, C, k, causal = shape
+    if backend == "cpp-im2col":
+        if mode == "fwd":
+            pytest.skip("without gradients the cpp convolution is im2col already: the cpp row")
+        backend = "cpp"
+        monkeypatch.setenv("CONVS2S_CONV_WINOGRAD", "0")
     dtype = DTYPES[dtype_name]
     grad = mode == "fwd_bwd"
     x = torch.randn(B, T, C, device=device, dtype=dtype, requires_grad=grad)
@@ -57,6 +66,9 @@ def test_conv_glu(benchmark, runnable, peaks, device, backend, shape, dtype_name
     run_timed(benchmark, run, device)
     elem = x.element_size()
     gemm = 2.0 * B * T * k * C * 2 * C
+    tile = winograd_tile(x, w) if backend == "cpp" and grad else 0
+    if tile:  # B * ceil(T / m) tiles of m + 2 points, each a product over C_in
+        gemm = 2.0 * B * -(-T // tile) * (tile + 2) * C * 2 * C
     # forward: read x, w, residual, write out; backward (two more GEMMs): read dout, x, w, write dx, dw, dres
     fwd_bytes = elem * (x.numel() + w.numel() + 2 * res.numel())
     bwd_bytes = elem * (3 * x.numel() + 2 * w.numel() + 2 * res.numel())

@@ -17,12 +17,24 @@ def weight_elements(module: torch.nn.Module) -> int:
                if p.dim() >= 2 and "embed_" not in name and not name.endswith("weight_g"))
 
 
-def training_flops(model, source_lengths: Sequence[int], target_lengths: Sequence[int]) -> float:
+def width3_conv_elements(module: torch.nn.Module) -> int:
+    """Multiply-accumulates per row of the module's kernel-width-3 convolutions (weights (3, C_in, 2C))."""
+    return sum(p.numel() for name, p in module.named_parameters()
+               if p.dim() == 3 and p.shape[0] == 3 and not name.endswith("weight_g"))
+
+
+def training_flops(model, source_lengths: Sequence[int], target_lengths: Sequence[int], conv_tile: int = 0) -> float:
     """FLOPs of one forward and backward pass over sentences of these lengths (EOS included), pads
     not counted: every linear and convolution layer once per token, each attention layer's scores
     and context (``4 * S * E`` per target token); the backward twice the forward (the gradients of
-    the inputs and of the weights), as is usual."""
+    the inputs and of the weights), as is usual. ``conv_tile = m``: the products actually run when
+    the width-3 convolutions are Winograd's F(m, 3) ((m + 2) / 3m of them; partial tiles not
+    counted), else the model's."""
     p_enc, p_dec = weight_elements(model.encoder), weight_elements(model.decoder)
+    if conv_tile:
+        kept = (conv_tile + 2) / (3.0 * conv_tile)
+        p_enc -= (1 - kept) * width3_conv_elements(model.encoder)
+        p_dec -= (1 - kept) * width3_conv_elements(model.decoder)
     e, n_att = model.cfg.encoder_embed_dim, model.cfg.num_attention_layers
     forward = sum(2.0 * p_enc * s + 2.0 * p_dec * t + 4.0 * s * t * e * n_att
                   for s, t in zip(source_lengths, target_lengths))

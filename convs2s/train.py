@@ -258,6 +258,7 @@ class Trainer:
         self._stop_signal: Optional[str] = None
         self.gemm_peak: Optional[float] = None  # GFLOP/s, measured when training starts (fp32 on a CPU)
         self._kernels_logged = False
+        self._conv_tile = 0  # the Winograd tile the first update's convolutions ran (0: im2col)
 
     # --- state ---------------------------------------------------------------------------
     def checkpoint(self) -> dict:
@@ -340,11 +341,7 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64)
         nll_sum = torch.zeros((), dtype=torch.float64)
         ntokens = 0
-        flops = 0.0
         for j in range(self.info.rank, len(group), self.info.world_size):
-            idx = torch.as_tensor(group[j])
-            flops += training_flops(self.model, self.train_set.src_lengths[idx].tolist(),
-                                    self.train_set.tgt_lengths[idx].tolist())
             batch = collate(self.train_set, group[j]).to(self.device)
             torch.manual_seed(batch_seed(self.cfg.seed, epoch, first_batch_index + j))
             with self._autocast():
@@ -379,7 +376,16 @@ class Trainer:
         self.optimizer.step()
         self.progress.num_updates += 1
         return dict(loss=loss_sum / max(ntokens, 1), nll=nll_sum / max(ntokens, 1), ntokens=ntokens, gnorm=gnorm,
-                    flops=flops)
+                    flops=self._share_flops(group), run_flops=self._share_flops(group, self._conv_tile))
+
+    def _share_flops(self, group: List[List[int]], conv_tile: int = 0) -> float:
+        """The model's FLOPs of this process's share of ``group`` (or those run, with Winograd tiles)."""
+        flops = 0.0
+        for j in range(self.info.rank, len(group), self.info.world_size):
+            idx = torch.as_tensor(group[j])
+            flops += training_flops(self.model, self.train_set.src_lengths[idx].tolist(),
+                                    self.train_set.tgt_lengths[idx].tolist(), conv_tile)
+        return flops
 
     @torch.no_grad()
     def validate(self) -> Optional[float]:
@@ -511,7 +517,7 @@ class Trainer:
             per_token = training_flops(self.model, [16], [16]) / 16
             self.log(f"an update: {per_token / 1e6:.1f} MFLOP per target token (16-token sentences); fp32 GEMM "
                      f"measured at {self.gemm_peak:.0f} GFLOP/s on {torch.get_num_threads()} threads: train_log.jsonl's "
-                     f"gflops_s and of_gemm_peak")
+                     f"gflops_s (the model's FLOPs) and of_gemm_peak (the products run)")
         self.log(f"{c.arch}: {n_params:,} parameters; {len(self.train_set)} training pairs; "
                  f"{self.info.world_size} process(es) x update-freq {c.update_freq}; "
                  f"{'bf16 autocast' if c.bf16 else 'fp32'} on {self.device}, {torch.get_num_threads()} threads")
@@ -538,6 +544,12 @@ class Trainer:
             self.log(f"an update ran: {', '.join(f'{k} x{n}' for k, n in ran.items()) or 'no fused ops'}")
             self._write_log(dict(kind="kernels", update=p.num_updates, ran=ran))
             self._kernels_logged = True
+            self._conv_tile = winograd_tile_ran(counts)
+            if self._conv_tile:
+                run = training_flops(self.model, [16], [16], self._conv_tile) / 16
+                self.log(f"the width-3 convolutions run Winograd F({self._conv_tile},3): {run / 1e6:.1f} MFLOP of "
+                         "products per target token run (16-token sentences)")
+            stats["run_flops"] = self._share_flops(groups[p.next_group], self._conv_tile)
         p.next_group += 1
         p.train_seconds += time.perf_counter() - t0
         return stats
@@ -569,9 +581,9 @@ class Trainer:
         if window.n < self.cfg.log_interval:
             return window
         roofline = {}
-        if self.gemm_peak:  # this process's products against its threads' measured GEMM rate
+        if self.gemm_peak:  # this process's products (those run) against its threads' measured GEMM rate
             gflops_s = window.flops / seconds / 1e9
-            roofline = dict(gflops_s=gflops_s, of_gemm_peak=gflops_s / self.gemm_peak)
+            roofline = dict(gflops_s=gflops_s, of_gemm_peak=window.run_flops / seconds / 1e9 / self.gemm_peak)
         self._write_log(dict(kind="train", epoch=p.epoch, update=p.num_updates, loss=loss, ppl=ppl, tok_s=tok_s, **roofline,
                              lr=self.current_lr(), gnorm=window.gnorm / window.n, train_minutes=p.train_seconds / 60))
         return _Window()
@@ -636,7 +648,8 @@ class _Window:
     nll: float = 0.0
     gnorm: float = 0.0
     ntokens: int = 0
-    flops: float = 0.0  # this process's share
+    flops: float = 0.0  # the model's, this process's share
+    run_flops: float = 0.0  # the products run (fewer where the convolutions ran Winograd tiles)
     n: int = 0
     t0: float = field(default_factory=time.perf_counter)
 
@@ -646,7 +659,16 @@ class _Window:
         self.gnorm += stats["gnorm"]
         self.ntokens += stats["ntokens"]
         self.flops += stats["flops"]
+        self.run_flops += stats["run_flops"]
         self.n += 1
+
+
+def winograd_tile_ran(counts) -> int:
+    """The Winograd tile m of F(m, 3) that served a conv_glu call among ``count_dispatches``'
+    counts (its backend labelled ``"cpp, winograd F(m,3)"``), 0 where none did."""
+    tiles = [int(backend.split("F(")[1].split(",")[0]) for (op, backend), _ in counts.items()
+             if op == "conv_glu" and "winograd F(" in backend]
+    return max(tiles, default=0)
 
 
 def _as_tuple(obj):

@@ -102,6 +102,18 @@ def count_dispatches() -> Iterator[Counter]:
         del _counters[next(i for i, c in enumerate(_counters) if c is counts)]
 
 
+def note_variant(op: str, backend: str, variant: str) -> None:
+    """Relabel the call just counted for ``(op, backend)`` as ``(op, "backend, variant")`` in the
+    open :func:`count_dispatches` blocks: what served it when a backend has more than one way
+    (the cpp convolution's Winograd tiles in training), so a row names the algorithm that ran."""
+    for counts in _counters:
+        if counts[(op, backend)] > 0:
+            counts[(op, backend)] -= 1
+            if not counts[(op, backend)]:
+                del counts[(op, backend)]
+            counts[(op, f"{backend}, {variant}")] += 1
+
+
 def register(backend: str, op: str, fn: Callable, capability: Optional[Capability] = None,
              tensors: Optional[Callable[..., Sequence]] = None) -> Callable:
     """``fn`` implements ``op`` on ``backend``, taking what ``capability`` declares.

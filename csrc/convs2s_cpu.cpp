@@ -40,11 +40,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("conv_glu_forward", &convs2s::conv_glu_forward,
         "conv (causal or centred) + bias + GLU + residual + scale; returns (out, pre)", py::arg("x"),
         py::arg("weight"), py::arg("bias"), py::arg("residual"), py::arg("pad_mask"), py::arg("causal"),
-        py::arg("scale"), py::arg("packed") = py::none());
+        py::arg("scale"), py::arg("packed") = py::none(), py::arg("winograd") = 0);
   m.def("conv_glu_backward", &convs2s::conv_glu_backward,
         "gradients of conv_glu_forward: (dx, dweight, dbias, dresidual)", py::arg("dout"), py::arg("x"),
         py::arg("weight"), py::arg("pre"), py::arg("pad_mask"), py::arg("causal"), py::arg("scale"),
-        py::arg("need_residual_grad"));
+        py::arg("need_residual_grad"), py::arg("winograd") = 0);
   m.def("dropout_apply", &convs2s::dropout_apply,
         "x times the dropout mask hashed from (seed, index), over 1 - p (forward and backward alike)", py::arg("x"),
         py::arg("p"), py::arg("seed"));

@@ -57,10 +57,11 @@ std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& 
                                          const c10::optional<at::Tensor>& bias,
                                          const c10::optional<at::Tensor>& residual,
                                          const c10::optional<at::Tensor>& pad_mask, bool causal, double scale,
-                                         const c10::optional<at::Tensor>& packed = c10::nullopt);
+                                         const c10::optional<at::Tensor>& packed = c10::nullopt,
+                                         int64_t winograd = 0);
 std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tensor& x, const at::Tensor& weight,
                                           const at::Tensor& pre, const c10::optional<at::Tensor>& pad_mask,
-                                          bool causal, double scale, bool need_residual_grad);
+                                          bool causal, double scale, bool need_residual_grad, int64_t winograd = 0);
 // x times its dropout mask (a hash of seed and element index, kept with probability 1 - p) over
 // 1 - p: dropout_cpu.cpp. The same call with the same seed applies the mask to the gradient.
 at::Tensor dropout_apply(const at::Tensor& x, double p, int64_t seed);

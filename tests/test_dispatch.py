@@ -120,6 +120,21 @@ def test_count_dispatches_records_the_backend_that_ran_each_call():
     assert none == {}
 
 
+def test_note_variant_relabels_the_call_just_counted():
+    """A backend with two algorithms names the one that ran (the cpp convolution's Winograd tiles):
+    the call moves from ``(op, backend)`` to ``(op, "backend, variant")``; with nothing counted for
+    the pair, nothing changes."""
+    x, w, b = torch.randn(3, 16), torch.randn(24, 16), torch.randn(24)
+    with ck.count_dispatches() as counts:
+        dispatch.note_variant("linear", "cpp", "nothing counted yet")
+        assert counts == {}
+        for _ in range(2):
+            ck.linear(x, w, b, backend="cpp,reference")
+        name = dispatch.selected_backend_name("linear", x.device, "cpp,reference", x, w, b)
+        dispatch.note_variant("linear", name, "second way")
+    assert counts == {("linear", name): 1, ("linear", f"{name}, second way"): 1}
+
+
 def test_bind_runs_the_chosen_implementation_and_counts_every_call():
     """A bound op (a decoding step's repeated call) runs what resolve picks for the first inputs,
     without re-checking, and is counted per call like a dispatched one."""

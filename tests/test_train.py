@@ -17,8 +17,9 @@ from convs2s.data import TokenDataset, write_data_folder
 from convs2s.dictionary import Dictionary
 from convs2s.fairseq_io import CheckpointError, read_checkpoint
 from convs2s.special_tokens import PAD
+from convs2s.flops import training_flops, width3_conv_elements
 from convs2s.train import (TRAIN_STATE_KEY, StopKind, StopReason, TrainConfig, Trainer, TrainingDiverged,
-                           label_smoothed_nll)
+                           label_smoothed_nll, winograd_tile_ran)
 
 VOCAB = 12
 TINY = dict(encoder_embed_dim=64, decoder_embed_dim=64, decoder_out_embed_dim=64,
@@ -111,6 +112,21 @@ def test_torch_nesterov_sgd_equals_fairseq_nag_across_lr_changes():
         p.grad = g.clone()
         opt.step()
     torch.testing.assert_close(p.detach(), theta, rtol=1e-12, atol=1e-12)
+
+
+def test_training_flops_count_the_products_winograd_runs():
+    """F(m, 3) runs (m + 2) / 3m of a width-3 convolution's products, forward and backward; the
+    other layers' counts are unchanged; the tile is read from the labels of the ops that ran."""
+    model = convs2s.build_model("fconv_iwslt_de_en", 30, 40)
+    src, tgt = [7, 11], [9, 5]
+    full = training_flops(model, src, tgt)
+    conv = width3_conv_elements(model.encoder) * sum(src) + width3_conv_elements(model.decoder) * sum(tgt)
+    assert conv > 0
+    for m in (2, 4):
+        saved = 3 * 2 * conv * (1 - (m + 2) / (3 * m))
+        assert training_flops(model, src, tgt, m) == pytest.approx(full - saved, rel=1e-12)
+    assert winograd_tile_ran({("conv_glu", "cpp, winograd F(4,3)"): 7, ("dropout", "cpp"): 10}) == 4
+    assert winograd_tile_ran({("conv_glu", "cpp"): 7, ("output_loss", "cpp"): 1}) == 0
 
 
 # --- learning ------------------------------------------------------------------------------

@@ -75,7 +75,14 @@ def test_the_command_times_both_interleaved_and_compares_the_losses(stand_in, tm
     assert len(result["rows"]["fairseq"]["seconds"]) == len(result["rows"]["convs2s"]["seconds"]) == 2
     assert result["setup"]["flops_per_target_token"] > 0 and 0 < result["rows"]["convs2s"]["fraction_of_gemm_peak"] < 1
     assert any(k.startswith("conv_glu") for k in result["ran"])
+    # the products convs2s ran: fewer than the model's exactly where Winograd tiles served its convolutions
+    winograd = any("winograd" in k for k in result["ran"])
+    run, model = result["setup"]["convs2s_run_flops_per_target_token"], result["setup"]["flops_per_target_token"]
+    assert (run < model) if winograd else (run == model)
+    assert result["ceiling"] == pytest.approx(result["gemm_peak_gflops"] * 1e9 / run
+                                              / result["rows"]["fairseq"]["tokens_per_s"])
     assert "convs2s / fairseq:" in out and "MFLOP per target token" in out
+    assert f"every product convs2s runs at the peak would be {result['ceiling']:.2f}x" in out
     # --json kept each repeat as it ended, then the whole result
     assert [len(r["rows"]["convs2s"]["seconds"]) for r in written] == [1, 2, 2] and written[-1] == result
 

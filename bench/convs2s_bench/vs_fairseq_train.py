@@ -152,6 +152,7 @@ def compare(req: TrainRequest, log=print, on_update=None) -> dict:
     after every repeat with the result so far (a long comparison keeps what it measured)."""
     import convs2s
     from convs2s.flops import training_flops
+    from convs2s.train import winograd_tile_ran
 
     from .roofline import gemm_peak_gflops
 
@@ -167,8 +168,9 @@ def compare(req: TrainRequest, log=print, on_update=None) -> dict:
         model = init.model
         timed, check = batches[:req.updates], batches[:req.check_updates]
         tokens = sum(int(dataset.tgt_lengths[b].sum()) for b in timed)
-        flops = sum(training_flops(model, dataset.src_lengths[b].tolist(), dataset.tgt_lengths[b].tolist())
-                    for b in timed)
+        flops_run = lambda tile: sum(training_flops(model, dataset.src_lengths[b].tolist(),  # noqa: E731
+                                                    dataset.tgt_lengths[b].tolist(), tile) for b in timed)
+        flops = flops_run(0)  # the model's; fairseq runs them all
         log(f"loss check: {req.check_updates} updates, dropout 0")
         ours = run_convs2s(req, data, check, initial, 0.0, 0)
         theirs = run_fairseq(req, data, langs, dataset, check, 0.0, 0)
@@ -177,8 +179,9 @@ def compare(req: TrainRequest, log=print, on_update=None) -> dict:
         peak = gemm_peak_gflops("cpu", torch.float32)  # beside the timings, before them
 
         def result():
+            tile = winograd_tile_ran(ran)
             return _result(req, times, tokens, flops, peak, ours, theirs, ran, (fairseq_version, fairseq_allocator),
-                           model, len(timed))
+                           model, len(timed), flops_run(tile) if tile else flops)
 
         for rep in range(req.repeats):
             order = ("fairseq", "convs2s") if rep % 2 == 0 else ("convs2s", "fairseq")
@@ -197,7 +200,9 @@ def compare(req: TrainRequest, log=print, on_update=None) -> dict:
     return result()
 
 
-def _result(req, times, tokens, flops, peak, ours, theirs, ran, fairseq, model, n_updates) -> dict:
+def _result(req, times, tokens, flops, peak, ours, theirs, ran, fairseq, model, n_updates, ours_run=None) -> dict:
+    """``flops``: the model's over the timed batches (fairseq's products); ``ours_run``: the products
+    convs2s ran (fewer where its convolutions ran Winograd tiles), which its fraction of the peak counts."""
     from convs2s_kernels.env import machine_description
 
     rows = {}
@@ -205,15 +210,20 @@ def _result(req, times, tokens, flops, peak, ours, theirs, ran, fairseq, model, 
         rates = sorted(tokens / t for t in ts)
         rows[system] = dict(tokens_per_s=statistics.median(rates), min=rates[0], max=rates[-1], seconds=ts,
                             gflops_per_s=statistics.median(rates) * flops / tokens / 1e9)
-        rows[system]["fraction_of_gemm_peak"] = rows[system]["gflops_per_s"] / peak
+        run = ours_run if system == "convs2s" and ours_run is not None else flops
+        rows[system]["fraction_of_gemm_peak"] = statistics.median(rates) * run / tokens / 1e9 / peak
     ratios = sorted(f / c for f, c in zip(times["fairseq"], times["convs2s"]))  # per repeat, side by side
     diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours["losses"], theirs["losses"]))
     served = {f"{op} ({backend})": n for (op, backend), n in ran.items()}  # count_dispatches' keys
     return dict(
         setup=dict(asdict(req), parameters=model.num_parameters(), updates=n_updates, target_tokens=tokens,
-                   flops_per_target_token=flops / tokens, fairseq_version=fairseq[0], fairseq_allocator=fairseq[1],
+                   flops_per_target_token=flops / tokens,
+                   convs2s_run_flops_per_target_token=(flops if ours_run is None else ours_run) / tokens,
+                   fairseq_version=fairseq[0], fairseq_allocator=fairseq[1],
                    torch=torch.__version__),
         machine=machine_description("cpu"), gemm_peak_gflops=peak, rows=rows,
+        # every product convs2s runs at the peak: the most it could train at, over fairseq's median
+        ceiling=peak * 1e9 / ((flops if ours_run is None else ours_run) / tokens) / rows["fairseq"]["tokens_per_s"],
         speedup=dict(median=statistics.median(ratios), min=ratios[0], max=ratios[-1]),
         losses=dict(convs2s=ours["losses"], fairseq=theirs["losses"], gnorm_convs2s=ours["gnorms"],
                     gnorm_fairseq=theirs["gnorms"], max_relative_difference=diff),
@@ -237,13 +247,19 @@ def format_result(result: dict) -> str:
              f"torch {s['torch']}.",
              f"An update: {s['flops_per_target_token'] / 1e6:.1f} MFLOP per target token (forward + backward, 3x the "
              f"forward's products); fp32 GEMM peak measured in this run: {result['gemm_peak_gflops']:.0f} GFLOP/s.",
+             *([f"convs2s runs {s['convs2s_run_flops_per_target_token'] / 1e6:.1f} MFLOP of products per target token "
+                "(its width-3 convolutions as Winograd tiles); its fraction of the peak counts those."]
+               if s.get("convs2s_run_flops_per_target_token", s["flops_per_target_token"])
+               < s["flops_per_target_token"] else []),
              "", "| system | target tokens/s (median) | range | GFLOP/s | of GEMM peak |", "|---|---|---|---|---|"]
     for system, r in result["rows"].items():
         lines.append(f"| {system} | {r['tokens_per_s']:,.0f} | {r['min']:,.0f}–{r['max']:,.0f} | "
                      f"{r['gflops_per_s']:.1f} | {r['fraction_of_gemm_peak']:.0%} |")
     sp, ls = result["speedup"], result["losses"]
     lines += ["", f"convs2s / fairseq: {sp['median']:.2f}x (per repeat {sp['min']:.2f}–{sp['max']:.2f}x, "
-                  f"{len(result['rows']['convs2s']['seconds'])} interleaved repeats)",
+                  f"{len(result['rows']['convs2s']['seconds'])} interleaved repeats)" +
+                  (f"; every product convs2s runs at the peak would be {result['ceiling']:.2f}x"
+                   if "ceiling" in result else ""),
               "first losses (dropout 0): convs2s " + " ".join(f"{x:.6f}" for x in ls["convs2s"]) +
               " | fairseq " + " ".join(f"{x:.6f}" for x in ls["fairseq"]) +
               f" (largest relative difference {ls['max_relative_difference']:.1e})",

@@ -144,6 +144,68 @@ def test_cpp_conv_glu_traces_under_torch_compile():
     torch.testing.assert_close(compiled(x), fn(x))
 
 
+# --- Winograd F(m, 3): the cpp backend's convolutions in training ------------------------------
+WINOGRAD_CASES = [(2, 7, 16, 8), (3, 1, 8, 6), (2, 3, 13, 7), (3, 9, 40, 33), (1, 13, 9, 5), (2, 4, 6, 4)]
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "centred"])
+def test_cpp_conv_glu_winograd_matches_reference(tile, dtype, causal, monkeypatch):
+    """F(2, 3) and F(4, 3) forward and backward against the float64 reference: T below, at and past
+    a tile (1, 3, 4, 7, 9, 13 steps: partial last tiles), odd channels, left padding, residual and
+    scale; the batched products (aten::bmm) run forward and backward, and not without gradients."""
+    from convs2s_kernels.ops.conv_glu import cpp as conv_cpp
+
+    require_or_skip("cpp")
+    monkeypatch.setattr(conv_cpp, "WINOGRAD_MIN_ROWS", 0)
+    monkeypatch.setenv("CONVS2S_CONV_WINOGRAD", str(tile))
+    bmm_calls = lambda prof: sum(e.name == "aten::bmm" for e in prof.events())
+    for B, T, c_in, c_out in WINOGRAD_CASES:
+        x, w, b, res = conv_inputs(B, T, c_in, c_out, 3, dtype, requires_grad=True)
+        mask = torch.zeros(B, T, dtype=torch.bool)
+        mask[-1, : T // 2] = True
+        kw = dict(causal=causal, residual=res, scale=math.sqrt(0.5), pad_mask=mask)
+        assert conv_cpp.winograd_tile(x, w) == tile
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, \
+                ck.count_dispatches() as counts:
+            out = ck.conv_glu(x, w, b, backend="cpp", **kw)
+            dout = torch.randn_like(out)
+            grads = torch.autograd.grad(out, (x, w, b, res), dout)
+        assert bmm_calls(prof) == 3, "one batched product forward, two backward"
+        assert counts == {("conv_glu", f"cpp, winograd F({tile},3)"): 1}, "the row names the algorithm"
+        leaves = [t.detach().double().requires_grad_() for t in (x, w, b, res)]
+        want = ck.conv_glu_ref(*leaves[:3], **dict(kw, residual=leaves[3]))
+        assert_close("conv_glu", out, want)
+        assert_grads_close(grads, torch.autograd.grad(want, leaves, dout.double()),
+                           ["x", "weight", "bias", "residual"], dtype)
+        assert torch.all(grads[0][mask] == 0), "padded input steps get no gradient"
+        with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            assert_close("conv_glu", ck.conv_glu(x, w, b, backend="cpp", **kw), want)
+        assert bmm_calls(prof) == 0, "without gradients the convolution keeps im2col"
+
+
+def test_cpp_conv_glu_winograd_gradcheck_and_choice(monkeypatch):
+    from convs2s_kernels.ops.conv_glu import cpp as conv_cpp
+
+    require_or_skip("cpp")
+    x, w, b, res = conv_inputs(2, 6, 5, 3, 3, torch.float64, requires_grad=True)
+    assert conv_cpp.winograd_tile(x, w) == 0, "12 rows: below WINOGRAD_MIN_ROWS"
+    big = torch.randn(4, conv_cpp.WINOGRAD_MIN_ROWS // 4, 5, dtype=torch.float64, requires_grad=True)
+    assert conv_cpp.winograd_tile(big, w) == conv_cpp.WINOGRAD_TILE
+    assert conv_cpp.winograd_tile(big.detach().float(), w.detach().float()) == 0, "no gradient wanted"
+    assert conv_cpp.winograd_tile(big.bfloat16(), w.bfloat16()) == 0, "float32 and float64 only"
+    assert conv_cpp.winograd_tile(big, torch.randn(4, 5, 6, dtype=torch.float64)) == 0, "k = 3 only"
+    monkeypatch.setattr(conv_cpp, "WINOGRAD_MIN_ROWS", 0)
+    for tile in (2, 4):
+        monkeypatch.setenv("CONVS2S_CONV_WINOGRAD", str(tile))
+        fn = lambda x, w, b, r: ck.conv_glu(x, w, b, causal=False, residual=r, scale=0.7, backend="cpp")
+        assert torch.autograd.gradcheck(fn, (x, w, b, res))
+    monkeypatch.setenv("CONVS2S_CONV_WINOGRAD", "3")
+    with pytest.raises(ValueError, match="CONVS2S_CONV_WINOGRAD must be 0, 2 or 4"):
+        ck.conv_glu(x, w, b, causal=True, backend="cpp")
+
+
 # --- the reference against an independent formulation ------------------------------------------
 def naive_conv_glu(x, weight, bias, causal, residual=None, scale=None, pad_mask=None):
     """Sum over taps with explicit zero padding: out[t] = sum_j x[t + j - left] @ W[j]."""

@@ -244,3 +244,43 @@ def test_fuzz_against_reference(op, backend):
                                  f"shapes {[tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]}): {exc}")
         ran += 1
     assert ran >= MIN_CASES, f"only {ran} of {tried} fuzz cases of {op} ran on {backend}"
+
+
+def test_fuzz_conv_glu_winograd_gradients(monkeypatch):
+    """The cpp convolution's training path (Winograd F(2, 3) and F(4, 3), every row count) on random
+    width-3 cases: the output and the gradients of every input against the float64 reference."""
+    from convs2s_kernels.ops.conv_glu import cpp as conv_cpp
+
+    from harness import assert_grads_close
+
+    require_or_skip("cpp")
+    monkeypatch.setattr(conv_cpp, "WINOGRAD_MIN_ROWS", 0)
+    rng = random.Random(f"{SEED}-conv_glu-winograd")
+    torch.manual_seed(rng.randrange(2 ** 31))
+    ran, deadline = 0, time.monotonic() + SECONDS
+    while ran < MAX_CASES and (time.monotonic() < deadline or ran < MIN_CASES):
+        dtype, tile = rng.choice([torch.float32, torch.float64]), rng.choice([2, 4])
+        monkeypatch.setenv("CONVS2S_CONV_WINOGRAD", str(tile))
+        (x, w, bias), kw = conv_glu_case(rng, dtype)
+        w = (torch.randn(3, w.shape[1], w.shape[2]) / math.sqrt(3 * w.shape[1])).to(dtype)
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w) + ((bias,) if bias is not None else ())]
+        res = kw.get("residual")
+        if res is not None:
+            kw["residual"] = res = res.detach().clone().requires_grad_()
+        got = ck.conv_glu(leaves[0], leaves[1], leaves[2] if bias is not None else None, backend="cpp", **kw)
+        dout = torch.randn_like(got)
+        inputs = leaves + ([res] if res is not None else [])
+        grads = torch.autograd.grad(got, inputs, dout)
+        ref = [t.detach().double().requires_grad_() for t in inputs]
+        ref_kw = dict(kw, residual=ref[-1]) if res is not None else kw
+        want = ck.conv_glu_ref(ref[0], ref[1], ref[2] if bias is not None else None, **ref_kw)
+        case = (f"case {ran + 1} (CONVS2S_FUZZ_SEED={SEED}, {dtype}, F({tile},3), x {tuple(x.shape)}, "
+                f"{ {k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)} })")
+        try:
+            assert_close("conv_glu", got, want)
+            assert_grads_close(grads, torch.autograd.grad(want, ref, dout.double()),
+                               ["x", "weight", "bias" if bias is not None else "residual", "residual"], dtype)
+        except AssertionError as exc:
+            raise AssertionError(f"conv_glu Winograd on cpp, {case}: {exc}")
+        ran += 1
+    assert ran >= MIN_CASES
