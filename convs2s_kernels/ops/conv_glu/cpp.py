@@ -21,6 +21,7 @@ CAPABILITY = Capability(dtypes={"cpu": CPP_DTYPES}, backward=True)
 # 2 (F(2, 3): 1.5x fewer multiply-adds) or 4 (F(4, 3): 2x); CONVS2S_CONV_WINOGRAD overrides it.
 WINOGRAD_TILE = 4
 # below this many rows (B * T) a layer keeps im2col: the transforms' passes cost more than they save
+# (bench/results/amd-zen3-2c/training-ops.md, "Winograd F(m, 3)")
 WINOGRAD_MIN_ROWS = 256
 
 
