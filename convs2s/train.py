@@ -666,9 +666,9 @@ class _Window:
 def winograd_tile_ran(counts) -> int:
     """The Winograd tile m of F(m, 3) that served a conv_glu call among ``count_dispatches``'
     counts (its backend labelled ``"cpp, winograd F(m,3)"``), 0 where none did."""
-    tiles = [int(backend.split("F(")[1].split(",")[0]) for (op, backend), _ in counts.items()
-             if op == "conv_glu" and "winograd F(" in backend]
-    return max(tiles, default=0)
+    from convs2s_kernels.ops.conv_glu.cpp import winograd_tile_of
+
+    return max((winograd_tile_of(backend) for (op, backend), _ in counts.items() if op == "conv_glu"), default=0)
 
 
 def _as_tuple(obj):

@@ -25,6 +25,17 @@ WINOGRAD_TILE = 4
 WINOGRAD_MIN_ROWS = 256
 
 
+def winograd_label(tile: int) -> str:
+    """How a call served by Winograd tiles is labelled in ``count_dispatches`` (``"cpp, <label>"``)."""
+    return f"winograd F({tile},3)"
+
+
+def winograd_tile_of(backend_label: str) -> int:
+    """The tile m in a label made by :func:`winograd_label` (inside a backend's label), else 0."""
+    head, found, tail = backend_label.partition("winograd F(")
+    return int(tail.split(",")[0]) if found else 0
+
+
 def winograd_tile(x: Tensor, weight: Tensor) -> int:
     """The Winograd tile (0 = none) for a call: only where gradients will be taken (so validation,
     generation and the fairseq comparisons keep im2col's exact summation order), k = 3, fp32/fp64."""
@@ -87,7 +98,7 @@ _conv_glu_op.register_autograd(_conv_glu_backward, setup_context=_conv_glu_setup
 def conv_glu_cpp(x, weight, bias=None, *, causal, residual=None, scale=None, pad_mask=None, packed=None):
     tile = winograd_tile(x, weight)
     if tile:
-        note_variant("conv_glu", "cpp", f"winograd F({tile},3)")
+        note_variant("conv_glu", "cpp", winograd_label(tile))
     out, _ = _conv_glu_op(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
                           None if residual is None else residual.contiguous(),
                           None if pad_mask is None else pad_mask.contiguous(), bool(causal),
