@@ -527,8 +527,8 @@ def _add_vs_fairseq_train_parser(bsub) -> None:
     vt.add_argument("--arch", default="fconv_iwslt_de_en")
     vt.add_argument("--data", help="a prepared data folder (its training split's first batches; default: random "
                                    "sentences of Multi30k's lengths)")
-    vt.add_argument("--max-tokens", type=_positive_int, default=2000, help="padded tokens per batch")
-    vt.add_argument("--updates", type=_positive_int, default=20, help="timed updates per repeat")
+    vt.add_argument("--max-tokens", type=_positive_int, default=1000, help="padded tokens per batch (the recipe's)")
+    vt.add_argument("--updates", type=_positive_int, default=40, help="timed updates per repeat")
     vt.add_argument("--warmup", type=_non_negative(int), default=3, help="untimed updates before each timed pass")
     vt.add_argument("--repeats", type=_positive_int, default=3, help="timed passes per system, interleaved")
     vt.add_argument("--check-updates", type=_positive_int, default=3,

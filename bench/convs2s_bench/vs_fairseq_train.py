@@ -43,8 +43,8 @@ class TrainRequest:
     fairseq_python: str
     arch: str = "fconv_iwslt_de_en"
     data: Optional[str] = None  # a prepared data folder (its training split); None: random sentences
-    max_tokens: int = 2000
-    updates: int = 20  # timed updates per repeat (batches of the first epoch's order)
+    max_tokens: int = 1000
+    updates: int = 40  # timed updates per repeat (batches of the first epoch's order)
     warmup: int = 3
     repeats: int = 3
     check_updates: int = 3
