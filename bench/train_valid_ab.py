@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
 import statistics
@@ -34,6 +33,7 @@ RESULT = "valid_ab_result.json"
 def run_arm(argv: List[str]) -> int:
     """In an arm's process: train as `convs2s train` does, then validate the final model."""
     from convs2s.cli import build_parser, train_config_from_args
+    from convs2s.data import perplexity
     from convs2s.train import Trainer, init_distributed
 
     args = build_parser().parse_args(["train"] + argv)
@@ -43,7 +43,7 @@ def run_arm(argv: List[str]) -> int:
     summary = trainer.train(progress_bar=False)
     nll = trainer.validate()
     result = dict(updates=summary["updates"], epoch=summary["epoch"], reason=summary["reason"],
-                  final_valid_ppl=math.exp(nll) if nll is not None else None)
+                  final_valid_ppl=perplexity(nll) if nll is not None else None)
     Path(cfg.save_dir, RESULT).write_text(json.dumps(result))
     return 0
 

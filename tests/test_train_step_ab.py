@@ -1,25 +1,14 @@
 """``bench/train_step_ab.py``: training updates timed per backend on the same model and batches."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-from harness import require_or_skip
-
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "train_step_ab.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("train_step_ab", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from harness import bench_script, require_or_skip
 
 
 def test_updates_are_timed_per_backend_and_labelled_by_what_ran(tmp_path, capsys):
     require_or_skip("cpp")
     out = tmp_path / "ab.json"
-    assert _script().main(["--arch", "fconv_iwslt_de_en", "--vocab", "40", "--sentences", "2", "--length", "5",
+    assert bench_script("train_step_ab").main(["--arch", "fconv_iwslt_de_en", "--vocab", "40", "--sentences", "2", "--length", "5",
                            "--rounds", "2", "--updates", "1", "--backends", "cpp,reference", "--precision", "fp32",
                            "--device", "cpu", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -36,4 +25,4 @@ def test_bad_options_are_named():
     import pytest
 
     with pytest.raises(SystemExit):
-        _script().main(["--backends", "triton"])
+        bench_script("train_step_ab").main(["--backends", "triton"])

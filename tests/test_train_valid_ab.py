@@ -1,30 +1,22 @@
 """``bench/train_valid_ab.py``: training recipes side by side at equal wall time, judged on validation."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from harness import bench_script
 from test_train import TINY, make_copy_data
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "train_valid_ab.py"
 SHARED = ["--arch", "fconv", "--log-interval", "1", "--lr", "0.25", "--clip-norm", "0.1", "--min-lr", "0",  # only the clock stops
           *[f"--model-option={k}={v}" for k, v in TINY.items()]]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("train_valid_ab", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_arms_train_at_once_for_the_same_minutes_and_report_the_final_validation(tmp_path, capsys):
     data = make_copy_data(tmp_path / "bin", 200)
     out = tmp_path / "ab.json"
-    assert _script().main([data, "--minutes", "0.1", "--decay-minutes", "0.05", "--work", str(tmp_path / "w"),
+    assert bench_script("train_valid_ab").main([data, "--minutes", "0.1", "--decay-minutes", "0.05", "--work", str(tmp_path / "w"),
                            "--arm", "--max-tokens 150 --validate-interval 4", "--arm", "--max-tokens 300",
                            "--json", str(out), "--", *SHARED]) == 0
     result = json.loads(out.read_text())
@@ -44,12 +36,12 @@ def test_arms_train_at_once_for_the_same_minutes_and_report_the_final_validation
 def test_bad_requests_are_one_line_errors(tmp_path, capsys):
     data = make_copy_data(tmp_path / "bin", 20)
     with pytest.raises(SystemExit):
-        _script().main([data, "--arm", "--max-tokens 100"])  # one arm compares nothing
+        bench_script("train_valid_ab").main([data, "--arm", "--max-tokens 100"])  # one arm compares nothing
     with pytest.raises(SystemExit):
-        _script().main([str(tmp_path / "nothing"), "--arm", "a", "--arm", "b"])
+        bench_script("train_valid_ab").main([str(tmp_path / "nothing"), "--arm", "a", "--arm", "b"])
     with pytest.raises(SystemExit):
-        _script().main([data, "--arm", "a", "--arm", "b", "--minutes", "1", "--decay-minutes", "2"])
+        bench_script("train_valid_ab").main([data, "--arm", "a", "--arm", "b", "--minutes", "1", "--decay-minutes", "2"])
     assert "--decay-minutes" in capsys.readouterr().err
-    assert _script().main([data, "--minutes", "0.01", "--decay-minutes", "0.01", "--work", str(tmp_path / "w"),
+    assert bench_script("train_valid_ab").main([data, "--minutes", "0.01", "--decay-minutes", "0.01", "--work", str(tmp_path / "w"),
                            "--arm", "--max-tokens 100", "--arm", "--arch no_such_arch", "--", *SHARED]) == 1
     assert "error: arm '--arch no_such_arch' failed" in capsys.readouterr().err

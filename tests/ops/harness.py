@@ -83,3 +83,15 @@ def repeated_parents(n_prev: int, n: int) -> torch.Tensor:
     parents = torch.randint(0, n_prev, (n,))
     parents[0] = parents[-1]
     return parents
+
+
+def bench_script(name: str):
+    """A bench/<name>.py script loaded as a module (bench/ is scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
