@@ -79,7 +79,8 @@ def runnable():
         missing = ck.available_backends().get(backend)
         if missing is not None and backend in required_backends():
             pytest.fail(f"the {backend} backend is required ({REQUIRE_ENV}) but unavailable: {missing}")
-        why = ck.backend_reasons(backend, op, args[0].device, *args, **kwargs)
+        first = args[0] if isinstance(args[0], torch.Tensor) else args[0][0]  # a list: nag_step's parameters
+        why = ck.backend_reasons(backend, op, first.device, *args, **kwargs)
         if why:
             pytest.skip(f"{backend} cannot run {op} here: {'; '.join(why)}")
 

@@ -78,7 +78,9 @@ class WeightNormed(nn.Module):
             return self.weight
         v, g = self.weight_v, self.weight_g
         if torch.is_grad_enabled() and (v.requires_grad or g.requires_grad):
-            return v * (g / self._norm(v, self.wn_dim))
+            # ATen's fused weight norm (what nn.utils.weight_norm and so fairseq run): one pass each
+            # way, where the composition took seven (bench/results/amd-zen3-2c/training-ops.md)
+            return torch._weight_norm(v, g, self.wn_dim)
         # Inference: compute W once and reuse it until g or v change (their version counters
         # move on every in-place update, e.g. an optimiser step or load_state_dict).
         key = (write_version(v), write_version(g), v.data_ptr(), g.data_ptr(), v.dtype, v.device, self.wn_dim)

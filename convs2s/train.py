@@ -350,33 +350,57 @@ class Trainer:
             loss_sum += loss.detach().double().cpu()
             nll_sum += nll.detach().double().cpu()
             ntokens += batch.ntokens
-        # One flat buffer: a single all-reduce carries every gradient and the loss/token sums. A
-        # parameter this process gave no gradient (no batch, unused) contributes zeros.
         params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.info.world_size > 1:
+            loss_sum, nll_sum, ntokens = self._all_reduce(params, loss_sum, nll_sum, ntokens)
+        else:
+            loss_sum, nll_sum = float(loss_sum), float(nll_sum)
+        if not math.isfinite(loss_sum):
+            raise TrainingDiverged(f"the training loss became {loss_sum} at update {self.progress.num_updates + 1}")
+        # the loss normalised by the number of non-pad target tokens of the whole update, and
+        # clip_grad_norm_ on that: both one factor of the step (no pass over the gradients of their own)
+        grads = [p.grad for p in params]
+        present = [g for g in grads if g is not None]
+        scale = 1.0 / max(ntokens, 1)
+        gnorm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(present)))) * scale if present else 0.0
+        if not math.isfinite(gnorm):
+            raise TrainingDiverged(f"the gradient norm became {gnorm} at update {self.progress.num_updates + 1}")
+        if self.cfg.clip_norm > 0 and self.cfg.clip_norm / (gnorm + 1e-6) < 1.0:
+            scale *= self.cfg.clip_norm / (gnorm + 1e-6)
+        self._nag_step(params, grads, scale)
+        self.progress.num_updates += 1
+        return dict(loss=loss_sum / max(ntokens, 1), nll=nll_sum / max(ntokens, 1), ntokens=ntokens, gnorm=gnorm,
+                    flops=self._share_flops(group), run_flops=self._share_flops(group, self._conv_tile))
+
+    def _all_reduce(self, params, loss_sum, nll_sum, ntokens: int) -> Tuple[float, float, int]:
+        """One flat buffer: a single all-reduce carries every gradient and the loss/token sums; the
+        gradients become views of it. A parameter this process gave no gradient (no batch, unused)
+        contributes zeros."""
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params] +
                          [torch.tensor([loss_sum, nll_sum, ntokens], dtype=params[0].dtype, device=params[0].device)])
         all_reduce_sum(flat, self.info)
-        totals = flat[-3:].double().tolist()
-        loss_sum, nll_sum, ntokens = totals[0], totals[1], int(round(totals[2]))
-        if not math.isfinite(loss_sum):
-            raise TrainingDiverged(f"the training loss became {loss_sum} at update {self.progress.num_updates + 1}")
-        # loss normalised by the number of non-pad target tokens of the whole update
-        grads = flat.narrow(0, 0, flat.numel() - 3).div_(max(ntokens, 1))
         offset = 0
         for p in params:
             n = p.numel()
             p.grad = flat[offset:offset + n].view_as(p)
             offset += n
-        # clip_grad_norm_ on the one buffer the gradients are views of: one norm, one scaling
-        gnorm = float(torch.linalg.vector_norm(grads))
-        if not math.isfinite(gnorm):
-            raise TrainingDiverged(f"the gradient norm became {gnorm} at update {self.progress.num_updates + 1}")
-        if self.cfg.clip_norm > 0 and self.cfg.clip_norm / (gnorm + 1e-6) < 1.0:
-            grads.mul_(self.cfg.clip_norm / (gnorm + 1e-6))
-        self.optimizer.step()
-        self.progress.num_updates += 1
-        return dict(loss=loss_sum / max(ntokens, 1), nll=nll_sum / max(ntokens, 1), ntokens=ntokens, gnorm=gnorm,
-                    flops=self._share_flops(group), run_flops=self._share_flops(group, self._conv_tile))
+        totals = flat[-3:].double().tolist()
+        return totals[0], totals[1], int(round(totals[2]))
+
+    def _nag_step(self, params, grads, grad_scale: float) -> None:
+        """torch.optim.SGD's Nesterov update on the gradients times ``grad_scale``, as one fused op
+        (``convs2s_kernels.nag_step``) on the optimizer's own state: its lr and momentum buffers,
+        saved and resumed with it as ever (a missing buffer starts at zero: SGD's first step)."""
+        group = self.optimizer.param_groups[0]
+        bufs = []
+        for p in params:
+            state = self.optimizer.state[p]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            bufs.append(state["momentum_buffer"])
+        ck.nag_step(params, grads, bufs, lr=group["lr"], momentum=group["momentum"],
+                    weight_decay=group["weight_decay"], grad_scale=grad_scale,
+                    backend="reference" if self.cfg.backend == "reference" else None)
 
     def _share_flops(self, group: List[List[int]], conv_tile: int = 0) -> float:
         """The model's FLOPs of this process's share of ``group`` (or those run, with Winograd tiles)."""

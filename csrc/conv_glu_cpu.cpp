@@ -22,10 +22,12 @@
 #include <ATen/ops/tensor.h>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "common.h"
 #include "kernels.h"
 #include "glu.h"
+#include "lincomb.h"
 #include "small_gemm.h"
 
 namespace convs2s {
@@ -87,9 +89,11 @@ void col2im(const scalar_t* dcols, const bool* pad, const ConvGeometry& g, scala
   });
 }
 
-// dpre = [d * s, d * value * s * (1 - s)] with d = dout * scale and s = sigmoid(gate).
+// dpre = [d * s, d * value * s * (1 - s)] with d = dout * scale and s = sigmoid(gate); dres = d
+// where asked (the residual's gradient, written in the same pass).
 template <typename scalar_t>
-void glu_backward(const scalar_t* dout, const scalar_t* pre, double scale, int64_t rows, int64_t c, scalar_t* dpre) {
+void glu_backward(const scalar_t* dout, const scalar_t* pre, double scale, int64_t rows, int64_t c, scalar_t* dpre,
+                  scalar_t* dres) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t sc = static_cast<acc_t>(scale);
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
@@ -99,14 +103,36 @@ void glu_backward(const scalar_t* dout, const scalar_t* pre, double scale, int64
       const scalar_t* g = dout + r * c;
       scalar_t* dv = dpre + r * 2 * c;
       scalar_t* dg = dv + c;
+      scalar_t* dr = dres ? dres + r * c : nullptr;
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        glu_backward_span_f32(g, value, gate, sc, c, dv, dg, dr);  // vectorised, a polynomial exp
+        continue;
+      }
       for (int64_t i = 0; i < c; ++i) {
         const acc_t d = static_cast<acc_t>(g[i]) * sc;
         const acc_t s = acc_t(1) / (acc_t(1) + std::exp(-static_cast<acc_t>(gate[i])));
         dv[i] = static_cast<scalar_t>(d * s);
         dg[i] = static_cast<scalar_t>(d * static_cast<acc_t>(value[i]) * s * (acc_t(1) - s));
+        if (dr) dr[i] = static_cast<scalar_t>(d);
       }
     }
   });
+}
+
+// dst = (init or 0) + sum_j coef[j] * src[j] over n channels: lincomb_f32 for float32, the
+// same order of terms in scalar_t otherwise.
+template <typename scalar_t>
+void combine(int terms, const scalar_t* coef, const scalar_t* const* src, const scalar_t* init, int64_t n,
+             scalar_t* dst) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    lincomb_f32(terms, coef, src, init, n, dst);
+  } else {
+    for (int64_t c = 0; c < n; ++c) {
+      scalar_t acc = init ? init[c] : scalar_t(0);
+      for (int j = 0; j < terms; ++j) acc += coef[j] * src[j][c];
+      dst[c] = acc;
+    }
+  }
 }
 
 // Winograd F(m, 3) (Lavin & Gray 2016; the points 0, +-1, +-2 and infinity): y = AT [(G g) . (BT d)]
@@ -144,14 +170,15 @@ void winograd_inputs(const scalar_t* x, const bool* pad, const ConvGeometry& g, 
         d[q] = (s < 0 || s >= g.T || (pad && pad[b * g.T + s])) ? nullptr : x + (b * g.T + s) * C;
       }
       for (int p = 0; p < W::alpha; ++p) {
-        scalar_t* dst = V + (p * tiles + r) * C;
-        std::fill(dst, dst + C, scalar_t(0));
+        scalar_t coef[W::alpha];
+        const scalar_t* src[W::alpha];
+        int terms = 0;
         for (int q = 0; q < W::alpha; ++q) {
           if (W::BT[p][q] == 0 || d[q] == nullptr) continue;
-          const scalar_t coef = static_cast<scalar_t>(W::BT[p][q]);
-          const scalar_t* src = d[q];
-          for (int64_t c = 0; c < C; ++c) dst[c] += coef * src[c];
+          coef[terms] = static_cast<scalar_t>(W::BT[p][q]);
+          src[terms++] = d[q];
         }
+        combine<scalar_t>(terms, coef, src, nullptr, C, V + (p * tiles + r) * C);
       }
     }
   });
@@ -166,15 +193,15 @@ void winograd_outputs(const scalar_t* Mt, const scalar_t* bias, const ConvGeomet
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / nt, t0 = (r % nt) * M;
       for (int i = 0; i < M && t0 + i < g.T; ++i) {
-        scalar_t* dst = pre + (b * g.T + t0 + i) * N;
-        if (bias) std::copy(bias, bias + N, dst);
-        else std::fill(dst, dst + N, scalar_t(0));
+        scalar_t coef[W::alpha];
+        const scalar_t* src[W::alpha];
+        int terms = 0;
         for (int p = 0; p < W::alpha; ++p) {
           if (W::AT[i][p] == 0) continue;
-          const scalar_t coef = static_cast<scalar_t>(W::AT[i][p]);
-          const scalar_t* src = Mt + (p * tiles + r) * N;
-          for (int64_t c = 0; c < N; ++c) dst[c] += coef * src[c];
+          coef[terms] = static_cast<scalar_t>(W::AT[i][p]);
+          src[terms++] = Mt + (p * tiles + r) * N;
         }
+        combine<scalar_t>(terms, coef, src, bias, N, pre + (b * g.T + t0 + i) * N);
       }
     }
   });
@@ -189,14 +216,15 @@ void winograd_output_grads(const scalar_t* dpre, const ConvGeometry& g, int64_t 
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / nt, t0 = (r % nt) * M;
       for (int p = 0; p < W::alpha; ++p) {
-        scalar_t* dst = dMt + (p * tiles + r) * N;
-        std::fill(dst, dst + N, scalar_t(0));
+        scalar_t coef[M];
+        const scalar_t* src[M];
+        int terms = 0;
         for (int i = 0; i < M && t0 + i < g.T; ++i) {
           if (W::AT[i][p] == 0) continue;
-          const scalar_t coef = static_cast<scalar_t>(W::AT[i][p]);
-          const scalar_t* src = dpre + (b * g.T + t0 + i) * N;
-          for (int64_t c = 0; c < N; ++c) dst[c] += coef * src[c];
+          coef[terms] = static_cast<scalar_t>(W::AT[i][p]);
+          src[terms++] = dpre + (b * g.T + t0 + i) * N;
         }
+        combine<scalar_t>(terms, coef, src, nullptr, N, dMt + (p * tiles + r) * N);
       }
     }
   });
@@ -207,24 +235,30 @@ void winograd_output_grads(const scalar_t* dpre, const ConvGeometry& g, int64_t 
 template <int M, typename scalar_t>
 void winograd_input_grads(const scalar_t* dV, const bool* pad, const ConvGeometry& g, int64_t nt, scalar_t* dx) {
   using W = Winograd<M>;
+  static_assert(W::alpha * W::alpha <= kLincombMaxTerms, "lincomb's terms");
   const int64_t tiles = g.B * nt, C = g.c_in;
   at::parallel_for(0, g.B * g.T, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / g.T, s = r % g.T;
       scalar_t* dst = dx + r * C;
-      std::fill(dst, dst + C, scalar_t(0));
-      if (pad && pad[r]) continue;
+      if (pad && pad[r]) {
+        std::fill(dst, dst + C, scalar_t(0));
+        continue;
+      }
+      scalar_t coef[W::alpha * W::alpha];
+      const scalar_t* src[W::alpha * W::alpha];
+      int terms = 0;
       for (int q = 0; q < W::alpha; ++q) {
         const int64_t t0 = s + g.left - q;
         if (t0 < 0 || t0 % M != 0 || t0 / M >= nt) continue;
         const int64_t tile = b * nt + t0 / M;
         for (int p = 0; p < W::alpha; ++p) {
           if (W::BT[p][q] == 0) continue;
-          const scalar_t coef = static_cast<scalar_t>(W::BT[p][q]);
-          const scalar_t* src = dV + (p * tiles + tile) * C;
-          for (int64_t c = 0; c < C; ++c) dst[c] += coef * src[c];
+          coef[terms] = static_cast<scalar_t>(W::BT[p][q]);
+          src[terms++] = dV + (p * tiles + tile) * C;
         }
       }
+      combine<scalar_t>(terms, coef, src, nullptr, C, dst);
     }
   });
 }
@@ -356,14 +390,14 @@ std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tens
   const int64_t rows = g.B * g.T;
   TORCH_CHECK(dout.is_contiguous() && pre.is_contiguous(), "dout and pre must be contiguous");
   at::Tensor dpre = new_output({rows, 2 * g.c_out}, x.options());
+  at::Tensor dres = need_residual_grad ? new_output(dout.sizes(), dout.options()) : at::Tensor();
   const bool* pad = pad_mask.has_value() ? pad_mask->data_ptr<bool>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "conv_glu_backward_glu", [&] {
     glu_backward<scalar_t>(dout.data_ptr<scalar_t>(), pre.data_ptr<scalar_t>(), scale, rows, g.c_out,
-                           dpre.data_ptr<scalar_t>());
+                           dpre.data_ptr<scalar_t>(), need_residual_grad ? dres.data_ptr<scalar_t>() : nullptr);
   });
   // bias gradient summed in float32 for reduced-precision inputs
   at::Tensor dbias = dpre.sum(0, /*keepdim=*/false, at::toOpMathType(x.scalar_type())).to(x.scalar_type());
-  at::Tensor dres = need_residual_grad ? dout.mul(scale) : at::Tensor();
   if (winograd != 0) {
     auto [dx, dweight] = winograd == 2 ? winograd_backward<2>(dpre, x, weight, pad, g)
                                        : winograd_backward<4>(dpre, x, weight, pad, g);

@@ -48,6 +48,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dropout_apply", &convs2s::dropout_apply,
         "x times the dropout mask hashed from (seed, index), over 1 - p (forward and backward alike)", py::arg("x"),
         py::arg("p"), py::arg("seed"));
+  m.def("nag_step", &convs2s::nag_step,
+        "one NAG update in place: g = grad * grad_scale + weight_decay * p; buf = momentum * buf + g; "
+        "p -= lr * (g + momentum * buf)", py::arg("params"), py::arg("grads"), py::arg("bufs"), py::arg("lr"),
+        py::arg("momentum"), py::arg("weight_decay"), py::arg("grad_scale"));
   m.def("output_loss_forward", &convs2s::output_loss_forward,
         "output projection + label-smoothed cross-entropy, block by block; returns (loss, nll[, dx, dweight, dbias])",
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("target"), py::arg("eps"), py::arg("ignore_index"),

@@ -12,6 +12,10 @@ namespace convs2s {
 // dst[i] = (value[i] * sigmoid(gate[i]) + res[i]) * scale for i < n (res may be null): the float32
 // loop of glu_epilogue, vectorised with a polynomial exp (glu_cpu.cpp).
 void glu_span_f32(const float* value, const float* gate, const float* res, float scale, int64_t n, float* dst);
+// Its derivative for i < n, with d = dout[i] * scale and s = sigmoid(gate[i]): dv[i] = d * s,
+// dg[i] = d * value[i] * s * (1 - s) and, unless dres is null, dres[i] = d (the residual's gradient).
+void glu_backward_span_f32(const float* dout, const float* value, const float* gate, float scale, int64_t n, float* dv,
+                           float* dg, float* dres);
 
 // out = (value * sigmoid(gate) + residual) * scale, per row of pre = [value | gate]; the rows x c
 // outputs shared among the threads (parallel_row_spans: split by rows alone, a step's 1-16 rows

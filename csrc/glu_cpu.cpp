@@ -1,4 +1,5 @@
-// The GLU epilogue's float32 loop (glu.h), vectorised: out = (value * sigmoid(gate) + residual) * scale.
+// The GLU epilogue's float32 loop (glu.h), vectorised: out = (value * sigmoid(gate) + residual) * scale;
+// and its derivative, the conv+GLU backward's first pass.
 //
 // The scalar loop called libm's expf once per output: a decoding step of fconv_wmt_en_fr at 15
 // rows makes ~230,000 of them (every layer's GLU), and the encoder one per source position and
@@ -10,6 +11,7 @@
 #include "glu.h"
 #include "isa.h"
 #include "vec.h"
+#include "vec_exp.h"
 
 #include <cstring>
 
@@ -20,33 +22,6 @@
 namespace convs2s {
 
 namespace {
-
-// exp(x) on every lane: the polynomial for x in [-87, 88], where 2^n is a normal float; past
-// them infinity and zero (libm's denormals below exp(-87.3) flushed, which sigmoid's 1 + exp
-// cannot tell apart). NaN lanes stay NaN: every comparison with NaN is false.
-template <typename V>
-CONVS2S_INLINE V exp_v(V xin) {
-  using I = typename Vec<V>::i32;
-  V x = xin > 88.f ? V{} + 88.f : xin;
-  x = x < -87.f ? V{} - 87.f : x;
-  // n = round(x / ln2): adding 1.5 * 2^23 rounds to an integer in any vector width
-  const V shifter = V{} + 12582912.f;
-  const V n = (x * 1.44269504088896341f + shifter) - shifter;
-  const V r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 in two parts: r exact to float
-  V p = V{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const V er = p * (r * r) + r + 1.f;
-  const I bits = (__builtin_convertvector(n, I) + 127) << 23;  // 2^n, n in [-126, 127]
-  V scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  const V e = er * scale;
-  const V big = xin > 88.f ? V{} + __builtin_inff() : e;
-  return xin < -87.f ? V{} : big;
-}
 
 template <typename V>
 CONVS2S_INLINE V glu_v(V value, V gate, const float* res, float scale) {
@@ -85,6 +60,59 @@ CONVS2S_INLINE void glu_span(const float* value, const float* gate, const float*
   }
 }
 
+// dv = d * s, dg = d * value * s * (1 - s), dres = d, with d = dout * scale and s = sigmoid(gate).
+template <typename V>
+CONVS2S_INLINE void glu_backward_v(const float* dout, const float* value, const float* gate, float scale, float* dv,
+                                   float* dg, float* dres) {
+  V d, a, b;
+  std::memcpy(&d, dout, sizeof(d));
+  std::memcpy(&a, value, sizeof(a));
+  std::memcpy(&b, gate, sizeof(b));
+  d *= scale;
+  const V s = 1.f / (1.f + exp_v<V>(-b));
+  const V ds = d * s, dgv = ds * a * (1.f - s);
+  std::memcpy(dv, &ds, sizeof(ds));
+  std::memcpy(dg, &dgv, sizeof(dgv));
+  if (dres) std::memcpy(dres, &d, sizeof(d));
+}
+
+template <typename V>
+CONVS2S_INLINE void glu_backward_span(const float* dout, const float* value, const float* gate, float scale, int64_t n,
+                                      float* dv, float* dg, float* dres) {
+  constexpr int L = Vec<V>::lanes;
+  int64_t i = 0;
+  for (; i + L <= n; i += L)
+    glu_backward_v<V>(dout + i, value + i, gate + i, scale, dv + i, dg + i, dres ? dres + i : nullptr);
+  if (i < n) {  // the tail through padded vectors
+    const int64_t left = n - i;
+    alignas(64) float o[L] = {}, a[L] = {}, b[L] = {}, rv[L], rg[L], rr[L];
+    std::memcpy(o, dout + i, left * sizeof(float));
+    std::memcpy(a, value + i, left * sizeof(float));
+    std::memcpy(b, gate + i, left * sizeof(float));
+    glu_backward_v<V>(o, a, b, scale, rv, rg, rr);
+    std::memcpy(dv + i, rv, left * sizeof(float));
+    std::memcpy(dg + i, rg, left * sizeof(float));
+    if (dres) std::memcpy(dres + i, rr, left * sizeof(float));
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) void glu_backward_span_avx512(const float* dout, const float* value,
+                                                                  const float* gate, float scale, int64_t n, float* dv,
+                                                                  float* dg, float* dres) {
+  glu_backward_span<v16>(dout, value, gate, scale, n, dv, dg, dres);
+}
+__attribute__((target("avx2,fma"))) void glu_backward_span_avx2(const float* dout, const float* value,
+                                                                const float* gate, float scale, int64_t n, float* dv,
+                                                                float* dg, float* dres) {
+  glu_backward_span<v8>(dout, value, gate, scale, n, dv, dg, dres);
+}
+#endif
+void glu_backward_span_base(const float* dout, const float* value, const float* gate, float scale, int64_t n, float* dv,
+                            float* dg, float* dres) {
+  glu_backward_span<v4>(dout, value, gate, scale, n, dv, dg, dres);
+}
+
 #if defined(__x86_64__)
 __attribute__((target("avx512f"))) void glu_span_avx512(const float* value, const float* gate, const float* res,
                                                          float scale, int64_t n, float* dst) {
@@ -108,6 +136,16 @@ void glu_span_f32(const float* value, const float* gate, const float* res, float
   if (isa == Isa::avx2) return glu_span_avx2(value, gate, res, scale, n, dst);
 #endif
   glu_span_base(value, gate, res, scale, n, dst);
+}
+
+void glu_backward_span_f32(const float* dout, const float* value, const float* gate, float scale, int64_t n, float* dv,
+                           float* dg, float* dres) {
+  static const Isa isa = kernel_isa();
+#if defined(__x86_64__)
+  if (isa == Isa::avx512) return glu_backward_span_avx512(dout, value, gate, scale, n, dv, dg, dres);
+  if (isa == Isa::avx2) return glu_backward_span_avx2(dout, value, gate, scale, n, dv, dg, dres);
+#endif
+  glu_backward_span_base(dout, value, gate, scale, n, dv, dg, dres);
 }
 
 }  // namespace convs2s

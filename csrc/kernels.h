@@ -65,6 +65,10 @@ std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tens
 // x times its dropout mask (a hash of seed and element index, kept with probability 1 - p) over
 // 1 - p: dropout_cpu.cpp. The same call with the same seed applies the mask to the gradient.
 at::Tensor dropout_apply(const at::Tensor& x, double p, int64_t seed);
+// One NAG update of every parameter, in place (params and bufs; a missing grad counts as zero):
+// nag_step_cpu.cpp.
+void nag_step(const std::vector<at::Tensor>& params, const std::vector<c10::optional<at::Tensor>>& grads,
+              const std::vector<at::Tensor>& bufs, double lr, double momentum, double weight_decay, double grad_scale);
 // The output projection x (N, C) @ weight (V, C)^T + bias and the label-smoothed cross-entropy
 // summed over rows whose target is not ignore_index, block_rows rows at a time: output_loss_cpu.cpp.
 // Returns (loss, nll) as float64 scalars, then (dx, dweight, dbias) for a gradient of 1 if grads.

@@ -6,7 +6,10 @@
 // reduced to the rows' log-sum-exp, target logit and logit sum while the block is in cache, turned
 // in place into d loss / d logits = softmax - eps_i - (1 - eps - eps_i) at the target (0 on ignored
 // rows), and multiplied at once into the input's and the weight's gradients. The whole (N, V)
-// logits never exist, nor their log-softmax or its gradient.
+// logits never exist, nor their log-softmax or its gradient. In float32 the block's reductions and
+// its gradient are three passes of the kernels below (vectorised per instruction set: a max and
+// sum, a sum of exponentials, the gradient with the bias gradient's row sums) instead of ATen's
+// ten-odd passes of logsumexp, sums, exp and the in-place arithmetic.
 
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/arange.h>
@@ -18,10 +21,176 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
+#include <cmath>
+
 #include "common.h"
+#include "isa.h"
 #include "kernels.h"
+#include "vec.h"
+#include "vec_exp.h"
 
 namespace convs2s {
+
+namespace {
+
+template <typename V>
+CONVS2S_INLINE V load_v(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Over the vocabulary rows [v0, v1) of a (V, cols) block L: mx[j] = max(mx[j], L[v, j]) and
+// sm[j] += L[v, j] (with sumexp: se[j] += exp(L[v, j] - mx[j]) instead).
+template <typename V, bool kSumExp>
+CONVS2S_INLINE void column_pass(const float* L, int64_t v0, int64_t v1, int64_t cols, float* mx, float* sm) {
+  constexpr int W = Vec<V>::lanes;
+  for (int64_t v = v0; v < v1; ++v) {
+    const float* row = L + v * cols;
+    int64_t j = 0;
+    for (; j + W <= cols; j += W) {
+      const V x = load_v<V>(row + j), m = load_v<V>(mx + j);
+      V a = load_v<V>(sm + j);
+      if constexpr (kSumExp) {
+        a += exp_v<V>(x - m);
+      } else {
+        const V mm = x > m ? x : m;
+        std::memcpy(mx + j, &mm, sizeof(mm));
+        a += x;
+      }
+      std::memcpy(sm + j, &a, sizeof(a));
+    }
+    for (; j < cols; ++j) {
+      if constexpr (kSumExp) {
+        sm[j] += std::exp(row[j] - mx[j]);
+      } else {
+        mx[j] = row[j] > mx[j] ? row[j] : mx[j];
+        sm[j] += row[j];
+      }
+    }
+  }
+}
+
+// L[v, j] = (exp(L[v, j] - lse[j]) - eps_i) * keep[j] over rows [v0, v1), db[v] += the row's sum.
+template <typename V>
+CONVS2S_INLINE void gradient_rows(float* L, int64_t v0, int64_t v1, int64_t cols, const float* lse, const float* keep,
+                                  float eps_i, float* db) {
+  constexpr int W = Vec<V>::lanes;
+  for (int64_t v = v0; v < v1; ++v) {
+    float* row = L + v * cols;
+    V acc{};
+    int64_t j = 0;
+    for (; j + W <= cols; j += W) {
+      const V g = (exp_v<V>(load_v<V>(row + j) - load_v<V>(lse + j)) - eps_i) * load_v<V>(keep + j);
+      std::memcpy(row + j, &g, sizeof(g));
+      acc += g;
+    }
+    float total = 0.f;
+    for (int i = 0; i < W; ++i) total += acc[i];
+    for (; j < cols; ++j) {
+      row[j] = (std::exp(row[j] - lse[j]) - eps_i) * keep[j];
+      total += row[j];
+    }
+    db[v] += total;
+  }
+}
+
+#define CONVS2S_OUTPUT_LOSS_ISA(suffix, target, V)                                                                  \
+  target void max_sum_##suffix(const float* L, int64_t v0, int64_t v1, int64_t cols, float* mx, float* sm) {      \
+    column_pass<V, false>(L, v0, v1, cols, mx, sm);                                                                \
+  }                                                                                                                \
+  target void sum_exp_##suffix(const float* L, int64_t v0, int64_t v1, int64_t cols, float* mx, float* se) {      \
+    column_pass<V, true>(L, v0, v1, cols, mx, se);                                                                 \
+  }                                                                                                                \
+  target void gradient_##suffix(float* L, int64_t v0, int64_t v1, int64_t cols, const float* lse, const float* keep, \
+                                float eps_i, float* db) {                                                          \
+    gradient_rows<V>(L, v0, v1, cols, lse, keep, eps_i, db);                                                       \
+  }
+
+#if defined(__x86_64__)
+CONVS2S_OUTPUT_LOSS_ISA(avx512, __attribute__((target("avx512f"))), v16)
+CONVS2S_OUTPUT_LOSS_ISA(avx2, __attribute__((target("avx2,fma"))), v8)
+#endif
+CONVS2S_OUTPUT_LOSS_ISA(base, , v4)
+
+struct BlockKernels {
+  void (*max_sum)(const float*, int64_t, int64_t, int64_t, float*, float*);
+  void (*sum_exp)(const float*, int64_t, int64_t, int64_t, float*, float*);
+  void (*gradient)(float*, int64_t, int64_t, int64_t, const float*, const float*, float, float*);
+};
+
+const BlockKernels& block_kernels() {
+  static const BlockKernels k = [] {
+#if defined(__x86_64__)
+    if (kernel_isa() == Isa::avx512) return BlockKernels{max_sum_avx512, sum_exp_avx512, gradient_avx512};
+    if (kernel_isa() == Isa::avx2) return BlockKernels{max_sum_avx2, sum_exp_avx2, gradient_avx2};
+#endif
+    return BlockKernels{max_sum_base, sum_exp_base, gradient_base};
+  }();
+  return k;
+}
+
+// The per-thread column statistics of one pass over the vocabulary, combined: each thread a
+// contiguous share of the rows and its own (cols) partial arrays, summed (and max-ed) after.
+template <typename Pass>
+void column_stats(int64_t v, int64_t cols, float* mx, float* acc, bool combine_max, const Pass& pass) {
+  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), v / 256));
+  const int64_t grain = (v + shares - 1) / shares;
+  std::vector<float> part_mx(shares * cols, -std::numeric_limits<float>::infinity()), part_acc(shares * cols, 0.f);
+  at::parallel_for(0, v, grain, [&](int64_t begin, int64_t end) {
+    const int64_t id = begin / grain;
+    float* pm = part_mx.data() + id * cols;
+    if (!combine_max) std::copy(mx, mx + cols, pm);
+    pass(begin, end, pm, part_acc.data() + id * cols);
+  });
+  for (int64_t j = 0; j < cols; ++j) {
+    float m = part_mx[j], a = part_acc[j];
+    for (int64_t id = 1; id < shares; ++id) {
+      m = std::max(m, part_mx[id * cols + j]);
+      a += part_acc[id * cols + j];
+    }
+    if (combine_max) mx[j] = m;
+    acc[j] = a;
+  }
+}
+
+// One block's loss terms and, with grads, its gradient in place and db's share (float32).
+void block_loss_f32(at::Tensor& logits, const at::Tensor& tb, int64_t ignore_index, double eps, double eps_i,
+                    at::Tensor& loss, at::Tensor& nll, float* db) {
+  const BlockKernels& k = block_kernels();
+  const int64_t v = logits.size(0), cols = logits.size(1);
+  float* L = logits.data_ptr<float>();
+  const int64_t* t = tb.data_ptr<int64_t>();
+  std::vector<float> mx(cols, -std::numeric_limits<float>::infinity()), sm(cols), se(cols), lse(cols), keep(cols);
+  column_stats(v, cols, mx.data(), sm.data(), true,
+               [&](int64_t b, int64_t e, float* pm, float* pa) { k.max_sum(L, b, e, cols, pm, pa); });
+  column_stats(v, cols, mx.data(), se.data(), false,
+               [&](int64_t b, int64_t e, float* pm, float* pa) { k.sum_exp(L, b, e, cols, pm, pa); });
+  double nll_sum = 0, loss_sum = 0;
+  for (int64_t j = 0; j < cols; ++j) {
+    lse[j] = mx[j] + std::log(se[j]);
+    keep[j] = t[j] != ignore_index ? 1.f : 0.f;
+    if (t[j] == ignore_index) continue;
+    TORCH_CHECK(t[j] >= 0 && t[j] < v, "output_loss: target ", t[j], " outside the vocabulary of ", v);
+    const double row_nll = double(lse[j]) - double(L[t[j] * cols + j]);
+    nll_sum += row_nll;
+    loss_sum += row_nll * (1.0 - eps - eps_i) + eps_i * (double(lse[j]) * double(v) - double(sm[j]));
+  }
+  nll.add_(nll_sum);
+  loss.add_(eps > 0 ? loss_sum : nll_sum);
+  if (db == nullptr) return;
+  at::parallel_for(0, v, 64, [&](int64_t b, int64_t e) {
+    k.gradient(L, b, e, cols, lse.data(), keep.data(), float(eps_i), db);
+  });
+  const float at_target = float(1.0 - eps - eps_i);
+  for (int64_t j = 0; j < cols; ++j) {
+    if (t[j] == ignore_index) continue;
+    L[t[j] * cols + j] -= at_target;
+    db[t[j]] -= at_target;
+  }
+}
+
+}  // namespace
 
 std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tensor& weight,
                                             const c10::optional<at::Tensor>& bias, const at::Tensor& target, double eps,
@@ -50,6 +219,14 @@ std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tenso
       at::addmm_out(logits, b, w, xb.t());
     else
       at::mm_out(logits, w, xb.t());
+    if (xc.scalar_type() == at::kFloat) {  // the fused passes
+      block_loss_f32(logits, tb, ignore_index, eps, eps_i, loss, nll, grads ? db.data_ptr<float>() : nullptr);
+      if (!grads) continue;
+      at::Tensor dxb = dx.narrow(0, r0, rows);
+      at::mm_out(dxb, logits.t(), w);
+      dw.addmm_(logits, xb);
+      continue;
+    }
     const at::Tensor lse = at::logsumexp(logits, {0});
     const at::Tensor keep = tb.ne(ignore_index);
     const at::Tensor safe = tb.masked_fill(keep.logical_not(), 0);  // an ignored row's target may be any id
@@ -71,7 +248,7 @@ std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tenso
     dw.addmm_(logits, xb);
     db.add_(logits.sum(1));
   }
-  if (!(eps > 0)) loss.copy_(nll);
+  if (!(eps > 0) && xc.scalar_type() != at::kFloat) loss.copy_(nll);
   if (!grads) return {loss, nll};
   return {loss, nll, dx, dw, db};
 }

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 OUTSIDE_KERNELS = ["convs2s", "bench", "tests", "examples", "scripts"]
 PACKAGES = ["convs2s", "convs2s_kernels", "bench/convs2s_bench"]
 OPS = ["conv_glu", "attention_embsum", "attention_step", "conv_step", "linear", "linear_int8", "linear_w8a8",
-       "decoder_step", "beam_candidates", "beam_update", "output_loss", "dropout"]
+       "decoder_step", "beam_candidates", "beam_update", "output_loss", "dropout", "nag_step"]
 # ops without a C++ kernel: on the CPU their reference runs, or a fused op holds their work
 # (attention_step: the one-call decoder_step folds the attention in C++)
 NO_CPP = {"attention_step"}
@@ -32,7 +32,7 @@ MAX_FUNCTION_LINES = 60
 SHARED = {
     "csrc": {"convs2s_cpu.cpp": "the pybind module", "small_gemm.cpp": "the few-row kernels every float and int8-weight product runs on",
              "library_gemm.cpp": "the GEMM libraries' products", "kernel_choice.cpp": "the measured kernel choice",
-             "glu_cpu.cpp": "the conv kernels' GLU epilogue", "isa.cpp": "the instruction set chosen at run time",
+             "glu_cpu.cpp": "the conv kernels' GLU epilogue", "lincomb_cpu.cpp": "the Winograd transforms' row combinations", "isa.cpp": "the instruction set chosen at run time",
              "huge_pages.cpp": "weights on huge pages", "fma_peak.cpp": "the compute roofline's probe",
              "read_peak.cpp": "the bandwidth roofline's probe"},
     "bench": {"test_bench_generate.py": "whole-model generation",

@@ -40,7 +40,8 @@ def require_or_skip(backend: str) -> None:
 def runnable(backend: str, op: str, *args, **kwargs) -> None:
     """Skip when ``backend`` refuses these inputs (with its reasons); see :func:`require_or_skip`."""
     require_or_skip(backend)
-    why = ck.backend_reasons(backend, op, args[0].device, *args, **kwargs)
+    first = args[0] if isinstance(args[0], torch.Tensor) else args[0][0]  # a list: nag_step's parameters
+    why = ck.backend_reasons(backend, op, first.device, *args, **kwargs)
     if why:
         pytest.skip(f"{backend} cannot run {op} here: {'; '.join(why)}")
 

@@ -3,6 +3,10 @@ loss) against the reference (the whole logits, log-softmax, autograd), in float6
 forward and backward: odd sizes, several blocks, strided inputs, ignored rows, no bias, label
 smoothing on and off, a scaled incoming gradient, and the no-gradient path of validation."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -61,6 +65,56 @@ def test_cpp_float32_matches_the_float64_reference():
     torch.testing.assert_close(nll.double(), want_nll, rtol=1e-6, atol=1e-4)
     for got, w64 in zip(grads, want_grads):
         torch.testing.assert_close(got.double(), w64, rtol=1e-4, atol=1e-5)
+
+
+def float32_against_float64(n, c, v, eps, bias, strided, seed=0):
+    """The cpp float32 loss, nll and gradients (its fused passes) against the float64 reference."""
+    x, w, b, target = inputs(n, c, v, torch.float32, seed, strided)
+    b = b if bias else None
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
+    loss, nll = ck.output_loss(leaves[0], leaves[1], leaves[2] if bias else None, target, label_smoothing=eps,
+                               backend="cpp")
+    grads = torch.autograd.grad(loss * 1.7, leaves)
+    ref = [t.detach().double().requires_grad_() for t in leaves]
+    want, want_nll = ck.output_loss_ref(ref[0], ref[1], ref[2] if bias else None, target, label_smoothing=eps)
+    want_grads = torch.autograd.grad(want * 1.7, ref)
+    torch.testing.assert_close(loss.double(), want, rtol=2e-6, atol=1e-5)
+    torch.testing.assert_close(nll.double(), want_nll, rtol=2e-6, atol=1e-5)
+    for got, w64 in zip(grads, want_grads):
+        torch.testing.assert_close(got.double(), w64, rtol=1e-4, atol=2e-6)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("n,c,v", [(1, 3, 5), (37, 16, 23), (130, 31, 1001)])  # 1,001 words: two threads' shares
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+def test_cpp_float32_fused_passes_match_float64(n, c, v, eps, bias, strided, monkeypatch):
+    monkeypatch.setattr(output_loss_cpp, "BLOCK_ROWS", 16)  # several blocks and a ragged last one (16 + tails of vectors)
+    runnable("cpp", "output_loss", *inputs(n, c, v, torch.float32, 0)[:3], None)
+    float32_against_float64(n, c, v, eps, bias, strided, seed=n + v)
+
+
+_ISA_CODE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import test_output_loss as t
+from convs2s_kernels.ops.output_loss import cpp
+cpp.BLOCK_ROWS = 16
+for n, c, v in [(37, 16, 23), (130, 31, 1001)]:
+    for eps in (0.0, 0.1):
+        t.float32_against_float64(n, c, v, eps, True, True, seed=n)
+"""
+
+
+@pytest.mark.parametrize("cap", ["avx2", "baseline"])
+def test_cpp_float32_fused_passes_at_lower_instruction_sets(cap):
+    """The same check with the kernels capped to a lower instruction set (their other compiled copy)."""
+    from harness import require_or_skip
+    require_or_skip("cpp")
+    env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", _ISA_CODE, here], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("backend", ["cpp", "reference"])
