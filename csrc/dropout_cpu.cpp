@@ -12,9 +12,17 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>
 #include <cstdint>
+#include <type_traits>
+
+#include <cstring>
 
 #include "common.h"
+#include "isa.h"
 #include "kernels.h"
+#include "vec.h"
+
+// The vector helpers are inlined into the per-ISA functions; GCC warns about their would-be ABI all the same.
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace convs2s {
 
@@ -27,6 +35,62 @@ inline uint32_t fmix32(uint32_t h) {
   h *= 0xc2b2ae35u;
   h ^= h >> 16;
   return h;
+}
+
+// The float32 loop on whole vectors: the hash in 32-bit lanes (vpmulld at AVX2), the mask a compare.
+template <typename V>
+CONVS2S_INLINE void dropout_span(const float* src, float* dst, int64_t begin, int64_t end, uint32_t mix,
+                                 uint32_t threshold, float scale) {
+  using U = typename Vec<V>::u32;
+  constexpr int L = Vec<V>::lanes;
+  U lane;
+  for (int i = 0; i < L; ++i) lane[i] = uint32_t(i);
+  int64_t i = begin;
+  for (; i + L <= end; i += L) {
+    U h = (lane + static_cast<uint32_t>(i)) * 0x9E3779B1u + mix;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    const U keep = (U)(h >= threshold);
+    V x;
+    std::memcpy(&x, src + i, sizeof(x));
+    x *= scale;
+    U bits;
+    std::memcpy(&bits, &x, sizeof(bits));
+    bits &= keep;
+    std::memcpy(dst + i, &bits, sizeof(bits));
+  }
+  for (; i < end; ++i) {
+    const uint32_t h = fmix32(static_cast<uint32_t>(i) * 0x9E3779B1u + mix);
+    dst[i] = h >= threshold ? src[i] * scale : 0.f;
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) void dropout_avx512(const float* src, float* dst, int64_t begin, int64_t end,
+                                                        uint32_t mix, uint32_t threshold, float scale) {
+  dropout_span<v16>(src, dst, begin, end, mix, threshold, scale);
+}
+__attribute__((target("avx2,fma"))) void dropout_avx2(const float* src, float* dst, int64_t begin, int64_t end,
+                                                      uint32_t mix, uint32_t threshold, float scale) {
+  dropout_span<v8>(src, dst, begin, end, mix, threshold, scale);
+}
+#endif
+void dropout_base(const float* src, float* dst, int64_t begin, int64_t end, uint32_t mix, uint32_t threshold,
+                  float scale) {
+  dropout_span<v4>(src, dst, begin, end, mix, threshold, scale);
+}
+
+void dropout_f32(const float* src, float* dst, int64_t begin, int64_t end, uint32_t mix, uint32_t threshold,
+                 float scale) {
+  static const Isa isa = kernel_isa();
+#if defined(__x86_64__)
+  if (isa == Isa::avx512) return dropout_avx512(src, dst, begin, end, mix, threshold, scale);
+  if (isa == Isa::avx2) return dropout_avx2(src, dst, begin, end, mix, threshold, scale);
+#endif
+  dropout_base(src, dst, begin, end, mix, threshold, scale);
 }
 
 }  // namespace
@@ -47,6 +111,11 @@ at::Tensor dropout_apply(const at::Tensor& x, double p, int64_t seed) {
     const scalar_t* src = xc.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
     at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        dropout_f32(reinterpret_cast<const float*>(src), reinterpret_cast<float*>(dst), begin, end, mix,
+                    static_cast<uint32_t>(threshold), float(scale));  // float32 only: the branch is dead otherwise
+        return;
+      }
       for (int64_t i = begin; i < end; ++i) {
         const uint32_t h = fmix32(static_cast<uint32_t>(i) * 0x9E3779B1u + mix);
         dst[i] = h >= threshold ? scalar_t(acc_t(src[i]) * scale) : scalar_t(0);

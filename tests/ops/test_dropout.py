@@ -66,3 +66,28 @@ def test_identity_cases_and_bad_p():
     assert ck.dropout(x, 0.0) is x
     with pytest.raises(ValueError, match=r"dropout probability must lie in \[0, 1\), got 1.0"):
         ck.dropout(x, 1.0)
+
+
+_ISA_CODE = """
+import torch
+import convs2s_kernels as ck
+for n in (1, 7, 4099, 70001):  # tails of every vector width; several threads' shares
+    x = torch.randn(n)
+    for p in (0.1, 0.5):
+        got = ck.dropout(x, p, seed=2 ** 40 + n, backend="cpp")
+        want = ck.dropout(x, p, seed=2 ** 40 + n, backend="reference")
+        assert torch.equal(got, want), (n, p)
+"""
+
+
+@pytest.mark.parametrize("cap", ["avx2", "baseline"])
+def test_cpp_float32_masks_at_lower_instruction_sets(cap):
+    """The float32 loop's other compiled copies (CONVS2S_KERNELS_ISA) give the reference's bits too."""
+    import os
+    import subprocess
+    import sys
+    from harness import require_or_skip
+    require_or_skip("cpp")
+    out = subprocess.run([sys.executable, "-c", _ISA_CODE], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, CONVS2S_KERNELS_ISA=cap))
+    assert out.returncode == 0, out.stderr[-2000:]
