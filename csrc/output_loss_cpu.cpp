@@ -130,18 +130,29 @@ const BlockKernels& block_kernels() {
   return k;
 }
 
-// The per-thread column statistics of one pass over the vocabulary, combined: each thread a
-// contiguous share of the rows and its own (cols) partial arrays, summed (and max-ed) after.
+// The column statistics of one pass over the vocabulary: `shares` contiguous runs of rows, one a
+// task, each with its own (cols) partial arrays, combined after (max-ed and summed). A run's sums
+// come in blocks of kSumRows rows, each block summed afresh then added: two levels, so the
+// rounding grows with kSumRows + rows / kSumRows terms, not with the vocabulary's size.
+constexpr int64_t kSumRows = 128;
+
 template <typename Pass>
 void column_stats(int64_t v, int64_t cols, float* mx, float* acc, bool combine_max, const Pass& pass) {
   const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), v / 256));
-  const int64_t grain = (v + shares - 1) / shares;
+  const int64_t run = (v + shares - 1) / shares;
   std::vector<float> part_mx(shares * cols, -std::numeric_limits<float>::infinity()), part_acc(shares * cols, 0.f);
-  at::parallel_for(0, v, grain, [&](int64_t begin, int64_t end) {
-    const int64_t id = begin / grain;
-    float* pm = part_mx.data() + id * cols;
-    if (!combine_max) std::copy(mx, mx + cols, pm);
-    pass(begin, end, pm, part_acc.data() + id * cols);
+  at::parallel_for(0, shares, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> block(cols);
+    for (int64_t id = first; id < last; ++id) {
+      float* pm = part_mx.data() + id * cols;
+      float* pa = part_acc.data() + id * cols;
+      if (!combine_max) std::copy(mx, mx + cols, pm);
+      for (int64_t b = id * run, end = std::min(v, (id + 1) * run); b < end; b += kSumRows) {
+        std::fill(block.begin(), block.end(), 0.f);
+        pass(b, std::min(end, b + kSumRows), pm, block.data());
+        for (int64_t j = 0; j < cols; ++j) pa[j] += block[j];
+      }
+    }
   });
   for (int64_t j = 0; j < cols; ++j) {
     float m = part_mx[j], a = part_acc[j];

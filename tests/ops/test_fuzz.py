@@ -284,3 +284,19 @@ def test_fuzz_conv_glu_winograd_gradients(monkeypatch):
             raise AssertionError(f"conv_glu Winograd on cpp, {case}: {exc}")
         ran += 1
     assert ran >= MIN_CASES
+
+
+@pytest.mark.parametrize("cap", ["avx2", "baseline"])
+def test_fuzz_conv_glu_winograd_gradients_at_lower_instruction_sets(cap):
+    """The Winograd transforms' and the GLU derivative's other compiled copies (CONVS2S_KERNELS_ISA)."""
+    import os
+    import subprocess
+    import sys
+
+    require_or_skip("cpp")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          os.path.join(here, "test_fuzz.py"), "-k", "test_fuzz_conv_glu_winograd_gradients and not lower"],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=here)
+    assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-2000:] + out.stderr[-1000:]
