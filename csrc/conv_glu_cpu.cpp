@@ -19,7 +19,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/mm.h>
-#include <ATen/ops/tensor.h>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -263,14 +262,64 @@ void winograd_input_grads(const scalar_t* dV, const bool* pad, const ConvGeometr
   });
 }
 
-// The (alpha, 3) weight transform G as a tensor, so U = G @ weight and dweight = G^T @ dU are GEMMs.
-template <int M>
-at::Tensor winograd_g(at::ScalarType dtype) {
+// U[p] = sum_j G[p][j] w[j] over the n = C_in * 2C weights of each tap (weight_grads: dw[j] =
+// sum_p G[p][j] dU[p]), in chunks that stay in L1 across the alpha (or 3) rows they write. ATen's
+// GEMM ran these K = 3 and K = 6 products at a tenth of memory speed
+// (bench/results/amd-zen3-2c/training-ops.md, "The Winograd weight transform").
+constexpr int64_t kWeightChunk = 1024;
+
+template <int M, typename scalar_t>
+void winograd_weights(const scalar_t* w, int64_t n, scalar_t* U) {
   using W = Winograd<M>;
-  std::vector<double> v;
-  for (int p = 0; p < W::alpha; ++p)
-    for (int j = 0; j < 3; ++j) v.push_back(W::G[p][j]);
-  return at::tensor(v, at::dtype(at::kDouble)).view({W::alpha, 3}).to(dtype);
+  at::parallel_for(0, (n + kWeightChunk - 1) / kWeightChunk, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      const int64_t c0 = chunk * kWeightChunk, len = std::min(n, c0 + kWeightChunk) - c0;
+      for (int p = 0; p < W::alpha; ++p) {
+        scalar_t coef[3];
+        const scalar_t* src[3];
+        int terms = 0;
+        for (int j = 0; j < 3; ++j) {
+          if (W::G[p][j] == 0) continue;
+          coef[terms] = static_cast<scalar_t>(W::G[p][j]);
+          src[terms++] = w + j * n + c0;
+        }
+        combine<scalar_t>(terms, coef, src, nullptr, len, U + p * n + c0);
+      }
+    }
+  });
+}
+
+template <int M, typename scalar_t>
+void winograd_weight_grads(const scalar_t* dU, int64_t n, scalar_t* dw) {
+  using W = Winograd<M>;
+  at::parallel_for(0, (n + kWeightChunk - 1) / kWeightChunk, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      const int64_t c0 = chunk * kWeightChunk, len = std::min(n, c0 + kWeightChunk) - c0;
+      for (int j = 0; j < 3; ++j) {
+        scalar_t coef[W::alpha];
+        const scalar_t* src[W::alpha];
+        int terms = 0;
+        for (int p = 0; p < W::alpha; ++p) {
+          if (W::G[p][j] == 0) continue;
+          coef[terms] = static_cast<scalar_t>(W::G[p][j]);
+          src[terms++] = dU + p * n + c0;
+        }
+        combine<scalar_t>(terms, coef, src, nullptr, len, dw + j * n + c0);
+      }
+    }
+  });
+}
+
+// The (alpha, C_in, 2C) transformed weight U = G @ weight.
+template <int M>
+at::Tensor winograd_u(const at::Tensor& weight) {
+  using W = Winograd<M>;
+  const int64_t n = weight.size(1) * weight.size(2);
+  at::Tensor U = new_output({W::alpha, weight.size(1), weight.size(2)}, weight.options());
+  AT_DISPATCH_FLOATING_TYPES(weight.scalar_type(), "conv_glu_winograd_weights", [&] {
+    winograd_weights<M, scalar_t>(weight.data_ptr<scalar_t>(), n, U.data_ptr<scalar_t>());
+  });
+  return U;
 }
 
 template <int M>
@@ -279,7 +328,7 @@ at::Tensor winograd_forward(const at::Tensor& x, const at::Tensor& weight, const
   using W = Winograd<M>;
   const int64_t nt = (g.T + M - 1) / M, tiles = g.B * nt;
   at::Tensor V = new_output({W::alpha, tiles, g.c_in}, x.options());
-  const at::Tensor U = at::mm(winograd_g<M>(x.scalar_type()), weight.view({3, -1})).view({W::alpha, g.c_in, 2 * g.c_out});
+  const at::Tensor U = winograd_u<M>(weight);
   at::Tensor pre = new_output({g.B * g.T, 2 * g.c_out}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv_glu_winograd_inputs", [&] {
     winograd_inputs<M, scalar_t>(x.data_ptr<scalar_t>(), pad, g, nt, V.data_ptr<scalar_t>());
@@ -298,8 +347,7 @@ std::pair<at::Tensor, at::Tensor> winograd_backward(const at::Tensor& dpre, cons
                                                     const at::Tensor& weight, const bool* pad, const ConvGeometry& g) {
   using W = Winograd<M>;
   const int64_t nt = (g.T + M - 1) / M, tiles = g.B * nt;
-  const at::Tensor G = winograd_g<M>(x.scalar_type());
-  const at::Tensor U = at::mm(G, weight.view({3, -1})).view({W::alpha, g.c_in, 2 * g.c_out});
+  const at::Tensor U = winograd_u<M>(weight);
   at::Tensor V = new_output({W::alpha, tiles, g.c_in}, x.options());
   at::Tensor dMt = new_output({W::alpha, tiles, 2 * g.c_out}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv_glu_winograd_grads", [&] {
@@ -307,7 +355,11 @@ std::pair<at::Tensor, at::Tensor> winograd_backward(const at::Tensor& dpre, cons
     winograd_output_grads<M, scalar_t>(dpre.data_ptr<scalar_t>(), g, nt, dMt.data_ptr<scalar_t>());
   });
   const at::Tensor dU = at::bmm(V.transpose(1, 2), dMt);
-  at::Tensor dweight = at::mm(G.t(), dU.view({W::alpha, -1})).view_as(weight);
+  at::Tensor dweight = new_output(weight.sizes(), weight.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv_glu_winograd_weight_grads", [&] {
+    winograd_weight_grads<M, scalar_t>(dU.data_ptr<scalar_t>(), weight.size(1) * weight.size(2),
+                                       dweight.data_ptr<scalar_t>());
+  });
   const at::Tensor dV = at::bmm(dMt, U.transpose(1, 2));
   at::Tensor dx = new_output(x.sizes(), x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv_glu_winograd_input_grads", [&] {

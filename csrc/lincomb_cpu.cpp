@@ -13,13 +13,6 @@ namespace convs2s {
 namespace {
 
 template <typename V>
-CONVS2S_INLINE V load_v(const float* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-template <typename V>
 CONVS2S_INLINE void lincomb(int terms, const float* coef, const float* const* src, const float* init, int64_t n,
                             float* dst) {
   constexpr int L = Vec<V>::lanes;

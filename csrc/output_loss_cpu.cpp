@@ -33,13 +33,6 @@ namespace convs2s {
 
 namespace {
 
-template <typename V>
-CONVS2S_INLINE V load_v(const float* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
 // Over the vocabulary rows [v0, v1) of a (V, cols) block L: mx[j] = max(mx[j], L[v, j]) and
 // sm[j] += L[v, j] (with sumexp: se[j] += exp(L[v, j] - mx[j]) instead).
 template <typename V, bool kSumExp>

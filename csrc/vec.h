@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace convs2s {
 
@@ -22,5 +23,13 @@ template <typename V> struct Vec {
   typedef int16_t i16 __attribute__((vector_size(2 * lanes)));
   typedef int32_t i32 __attribute__((vector_size(4 * lanes)));
 };
+
+// An unaligned load of a whole vector (memcpy: no alignment or aliasing assumptions; compiles to one load).
+template <typename V>
+CONVS2S_INLINE V load_v(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
 
 }  // namespace convs2s

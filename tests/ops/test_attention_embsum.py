@@ -55,9 +55,13 @@ def test_attention_forward_and_backward_match_reference(backend, B, T, S, E, lef
     assert_grads_close(grads, want, "qzy", dtype)
     # a gradient through the returned probabilities as well (alignment losses use them)
     dattn = torch.randn_like(want_attn)
-    grads = torch.autograd.grad((ctx, attn), (q, z, y), (dctx.to(dtype), dattn.to(dtype)))
-    want = torch.autograd.grad((want_ctx, want_attn), (rq, rz, ry), (dctx, dattn))
+    grads = torch.autograd.grad((ctx, attn), (q, z, y), (dctx.to(dtype), dattn.to(dtype)), retain_graph=True)
+    want = torch.autograd.grad((want_ctx, want_attn), (rq, rz, ry), (dctx, dattn), retain_graph=True)
     assert_grads_close(grads, want, "qzy", dtype)
+    # and through the probabilities alone (no gradient reaches the context; they do not depend on y)
+    grads = torch.autograd.grad(attn, (q, z), dattn.to(dtype))
+    want = torch.autograd.grad(want_attn, (rq, rz), dattn)
+    assert_grads_close(grads, want, "qz", dtype)
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
@@ -129,6 +133,19 @@ def test_cpp_attention_traces_under_torch_compile():
     runnable("cpp", "attention_embsum", q, z, y, lengths)
     fn = lambda q: ck.attention_embsum(q, z, y, lengths, backend="cpp") + 1
     torch.testing.assert_close(torch.compile(fn, backend="aot_eager", fullgraph=True)(q), fn(q))
+
+
+def test_cpp_attention_gradients_under_torch_compile_equal_eager():
+    """Compiled, the custom op and its autograd formula run; eager, a plain autograd.Function: the same kernels."""
+    q, z, y = (torch.randn(2, n, 8, requires_grad=True) for n in (3, 5, 5))
+    lengths = torch.tensor([5, 3])
+    runnable("cpp", "attention_embsum", q, z, y, lengths)
+    fn = lambda q, z, y: ck.attention_embsum(q, z, y, lengths, backend="cpp", return_attn=True)
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(sum((o * o).sum() for o in compiled(q, z, y)), (q, z, y))
+    want = torch.autograd.grad(sum((o * o).sum() for o in fn(q, z, y)), (q, z, y))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
 
 
 # --- the reference against an independent formulation ------------------------------------------

@@ -144,6 +144,24 @@ def test_cpp_conv_glu_traces_under_torch_compile():
     torch.testing.assert_close(compiled(x), fn(x))
 
 
+@pytest.mark.parametrize("winograd", [0, 4])
+def test_cpp_conv_glu_gradients_under_torch_compile_equal_eager(monkeypatch, winograd):
+    """Compiled, the custom op and its autograd formula run; eager, a plain autograd.Function: the same kernels."""
+    from convs2s_kernels.ops.conv_glu import cpp as conv_cpp
+
+    torch._dynamo.reset()  # a graph compiled for the other tile is not reused
+    monkeypatch.setattr(conv_cpp, "WINOGRAD_MIN_ROWS", 0)
+    monkeypatch.setenv("CONVS2S_CONV_WINOGRAD", str(winograd))
+    x, w, b, res = (t.requires_grad_() for t in conv_inputs(2, 5, 8, 4, 3, torch.float32))
+    runnable("cpp", "conv_glu", x, w, b, causal=True, residual=res, scale=0.5)
+    fn = lambda x, w, b, res: ck.conv_glu(x, w, b, causal=True, residual=res, scale=0.5, backend="cpp")
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad((compiled(x, w, b, res) ** 2).sum(), (x, w, b, res))
+    want = torch.autograd.grad((fn(x, w, b, res) ** 2).sum(), (x, w, b, res))
+    for g, v in zip(got, want):
+        torch.testing.assert_close(g, v)
+
+
 # --- Winograd F(m, 3): the cpp backend's convolutions in training ------------------------------
 WINOGRAD_CASES = [(2, 7, 16, 8), (3, 1, 8, 6), (2, 3, 13, 7), (3, 9, 40, 33), (1, 13, 9, 5), (2, 4, 6, 4)]
 

@@ -90,3 +90,8 @@ def test_bad_lists_are_one_line_errors(backend):
     with pytest.raises(ValueError, match="the grad of parameter 0 must match"):
         ck.nag_step([p], [torch.zeros(3, dtype=torch.float64)], [torch.zeros(3)], lr=1.0, momentum=0.9,
                     backend=backend)
+    with pytest.raises(ValueError, match="momentum buffer of parameter 0 shares memory"):
+        ck.nag_step([p], [None], [p], lr=1.0, momentum=0.9, backend=backend)
+    g = torch.ones(3)
+    with pytest.raises(ValueError, match="momentum buffer of parameter 0 shares memory"):
+        ck.nag_step([p], [g], [g.view(3)], lr=1.0, momentum=0.9, backend=backend)

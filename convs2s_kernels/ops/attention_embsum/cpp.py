@@ -1,6 +1,7 @@
 """``attention_embsum`` on the cpp backend: batched GEMMs through ATen with the masked softmax and
 the scales fused around them (``csrc/attention_embsum_cpu.cpp``), a ``torch.library`` custom op with an
-autograd formula."""
+autograd formula (for ``torch.compile``; eager calls take the same kernels through a plain
+``autograd.Function``)."""
 
 from __future__ import annotations
 
@@ -58,8 +59,37 @@ def _attention_backward(ctx, dctx, dp_scaled):
 _attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
 
 
+class _Attention(torch.autograd.Function):
+    """The same forward and backward as the custom op, for eager calls (a plain Function's dispatch
+    costs less than the custom op's: bench/results/amd-zen3-2c/training-ops.md, "The conv+GLU op's
+    eager path")."""
+
+    @staticmethod
+    def forward(ctx, q, z, y, src_lengths, left_pad):
+        out, p_scaled = native().attention_forward(q, z, y, src_lengths, left_pad)
+        ctx.save_for_backward(q, z, y, p_scaled, src_lengths)
+        ctx.left_pad = left_pad
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros made
+        return out, p_scaled
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # the kernels have no derivative of their own
+    def backward(ctx, dctx, dp_scaled):
+        q, z, y, p_scaled, src_lengths = ctx.saved_tensors
+        dctx = torch.zeros_like(q) if dctx is None else dctx.contiguous()
+        dp_scaled = None if dp_scaled is None else dp_scaled.contiguous()
+        dq, dz, dy = native().attention_backward(dctx, q, z, y, p_scaled, src_lengths, ctx.left_pad, dp_scaled)
+        return dq, dz, dy, None, None
+
+
 def attention_embsum_cpp(q, z, y, src_lengths=None, *, left_pad=True, return_attn=False):
-    ctx, p_scaled = _attention_op(q.contiguous(), z.contiguous(), y.contiguous(), src_lengths, bool(left_pad))
+    args = (q.contiguous(), z.contiguous(), y.contiguous(), src_lengths, bool(left_pad))
+    if torch.compiler.is_compiling():  # the custom op: traced as one node
+        ctx, p_scaled = _attention_op(*args)
+    elif torch.is_grad_enabled() and any(t.requires_grad for t in args[:3]):
+        ctx, p_scaled = _Attention.apply(*args)
+    else:
+        ctx, p_scaled = native().attention_forward(*args)
     if not return_attn:
         return ctx
     n = src_lengths if src_lengths is not None else torch.full((q.shape[0],), z.shape[1], device=q.device)

@@ -1,6 +1,7 @@
 """``conv_glu`` on the cpp backend: one GEMM (im2col) through ATen with everything around it in
 one pass (``csrc/conv_glu_cpu.cpp``), registered as a ``torch.library`` custom op with an autograd
-formula, so ``torch.compile`` traces it. In training, a width-3 convolution of enough rows runs as
+formula, so ``torch.compile`` traces it (eager calls take the same kernels through a plain
+``autograd.Function``). In training, a width-3 convolution of enough rows runs as
 Winograd's F(m, 3) instead (:func:`winograd_tile`)."""
 
 from __future__ import annotations
@@ -95,15 +96,41 @@ def _conv_glu_backward(ctx, dout, _dpre):
 _conv_glu_op.register_autograd(_conv_glu_backward, setup_context=_conv_glu_setup)
 
 
+class _ConvGlu(torch.autograd.Function):
+    """The same forward and backward as the custom op, for eager calls: the custom op's Python
+    dispatch and autograd registration cost more than a plain Function's
+    (bench/results/amd-zen3-2c/training-ops.md, "The conv+GLU op's eager path")."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, residual, pad_mask, causal, scale, packed, winograd):
+        out, pre = native().conv_glu_forward(x, weight, bias, residual, pad_mask, causal, scale, packed, winograd)
+        ctx.save_for_backward(x, weight, pre, pad_mask)
+        ctx.causal, ctx.scale, ctx.winograd = causal, scale, winograd
+        ctx.has_bias, ctx.has_residual = bias is not None, residual is not None
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # the kernels have no derivative of their own
+    def backward(ctx, dout):
+        x, weight, pre, pad_mask = ctx.saved_tensors
+        need_dres = ctx.has_residual and ctx.needs_input_grad[3]
+        dx, dw, db, dres = native().conv_glu_backward(dout.contiguous(), x, weight, pre, pad_mask, ctx.causal,
+                                                      ctx.scale, need_dres, ctx.winograd)
+        return dx, dw, db if ctx.has_bias else None, dres if need_dres else None, None, None, None, None, None
+
+
 def conv_glu_cpp(x, weight, bias=None, *, causal, residual=None, scale=None, pad_mask=None, packed=None):
     tile = winograd_tile(x, weight)
     if tile:
         note_variant("conv_glu", "cpp", winograd_label(tile))
-    out, _ = _conv_glu_op(x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
-                          None if residual is None else residual.contiguous(),
-                          None if pad_mask is None else pad_mask.contiguous(), bool(causal),
-                          1.0 if scale is None else float(scale), packed, tile)
-    return out
+    args = (x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
+            None if residual is None else residual.contiguous(), None if pad_mask is None else pad_mask.contiguous(),
+            bool(causal), 1.0 if scale is None else float(scale), packed, tile)
+    if torch.compiler.is_compiling():  # the custom op: traced as one node
+        return _conv_glu_op(*args)[0]
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:4]):
+        return _ConvGlu.apply(*args)
+    return native().conv_glu_forward(*args)[0]
 
 
 register("cpp", "conv_glu", conv_glu_cpp, CAPABILITY, conv_glu_tensors)

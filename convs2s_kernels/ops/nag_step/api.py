@@ -28,6 +28,9 @@ def _check(params, grads, momentum_buffers) -> None:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(f"nag_step: the {name} of parameter {i} must match it ({tuple(p.shape)}, {p.dtype}, "
                                  f"{p.device}), got {got}")
+        if b.numel() and (b.data_ptr() == p.data_ptr() or (g is not None and g.data_ptr() == b.data_ptr())):
+            raise ValueError(f"nag_step: the momentum buffer of parameter {i} shares memory with its parameter or "
+                             "grad; give it a buffer of its own")
         if not p.dtype.is_floating_point or p.dtype != params[0].dtype or p.device != params[0].device:
             raise ValueError(f"nag_step: parameter {i} is {p.dtype} on {p.device}; all must share the first's "
                              f"floating dtype and device ({params[0].dtype}, {params[0].device})")

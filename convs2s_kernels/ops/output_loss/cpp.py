@@ -16,14 +16,27 @@ from .api import output_loss_tensors
 
 CAPABILITY = Capability(dtypes={"cpu": (torch.float32, torch.float64)}, backward=True)
 BLOCK_ROWS = 512  # 512 x 5.5K words x 4 bytes = 11 MB: in L3 (bench/results/amd-zen3-2c/training-ops.md)
+# float32 rows are padded to a multiple of this (zero rows, ignored targets): MKL ran the logits'
+# product at 476-478 rows at 0.6x the rate of 464, 480 or 512 (training-ops.md, "Block rows")
+ALIGN_ROWS = 8
+
+
+def _aligned(x, target, ignore_index):
+    """``x`` and ``target`` with zero rows of ignored targets appended up to a multiple of ALIGN_ROWS."""
+    pad = (-x.shape[0]) % ALIGN_ROWS
+    if pad == 0 or x.dtype != torch.float32:
+        return x, target
+    return (torch.cat([x, x.new_zeros(pad, x.shape[1])]),
+            torch.cat([target, target.new_full((pad,), ignore_index)]))
 
 
 class _OutputLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, target, eps, ignore_index):
-        loss, nll, dx, dw, db = native().output_loss_forward(x, weight, bias, target, eps, ignore_index, True,
+        xa, ta = _aligned(x, target, ignore_index)
+        loss, nll, dx, dw, db = native().output_loss_forward(xa, weight, bias, ta, eps, ignore_index, True,
                                                              BLOCK_ROWS)
-        ctx.save_for_backward(dx, dw, db if bias is not None else None)
+        ctx.save_for_backward(dx[:x.shape[0]], dw, db if bias is not None else None)
         nll = nll.to(x.dtype)
         ctx.mark_non_differentiable(nll)
         return loss.to(x.dtype), nll
@@ -37,7 +50,8 @@ class _OutputLoss(torch.autograd.Function):
 def output_loss_cpp(x, weight, bias, target, *, label_smoothing=0.0, ignore_index=1):
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return _OutputLoss.apply(x, weight, bias, target, label_smoothing, ignore_index)
-    loss, nll = native().output_loss_forward(x, weight, bias, target, label_smoothing, ignore_index, False, BLOCK_ROWS)
+    xa, ta = _aligned(x, target, ignore_index)
+    loss, nll = native().output_loss_forward(xa, weight, bias, ta, label_smoothing, ignore_index, False, BLOCK_ROWS)
     return loss.to(x.dtype), nll.to(x.dtype)
 
 
