@@ -16,8 +16,8 @@ from .api import output_loss_tensors
 
 CAPABILITY = Capability(dtypes={"cpu": (torch.float32, torch.float64)}, backward=True)
 BLOCK_ROWS = 512  # 512 x 5.5K words x 4 bytes = 11 MB: in L3 (bench/results/amd-zen3-2c/training-ops.md)
-# float32 rows are padded to a multiple of this (zero rows, ignored targets): MKL ran the logits'
-# product at 476-478 rows at 0.6x the rate of 464, 480 or 512 (training-ops.md, "Block rows")
+# float32 rows are padded to a multiple of this (zero rows, ignored targets): MKL's GEMM runs the
+# logits' product slower at other row counts (bench/results/amd-zen3-2c/training-ops.md, "Block rows")
 ALIGN_ROWS = 8
 
 
