@@ -268,46 +268,37 @@ void winograd_input_grads(const scalar_t* dV, const bool* pad, const ConvGeometr
 // (bench/results/amd-zen3-2c/training-ops.md, "The Winograd weight transform").
 constexpr int64_t kWeightChunk = 1024;
 
-template <int M, typename scalar_t>
-void winograd_weights(const scalar_t* w, int64_t n, scalar_t* U) {
-  using W = Winograd<M>;
+// dst[o] = sum_i coef(o, i) src[i] for Out rows of n elements from In rows, zero terms skipped.
+template <int Out, int In, typename scalar_t, typename Coef>
+void weight_rows_lincomb(const scalar_t* src, int64_t n, scalar_t* dst, const Coef& coef) {
   at::parallel_for(0, (n + kWeightChunk - 1) / kWeightChunk, 4, [&](int64_t begin, int64_t end) {
     for (int64_t chunk = begin; chunk < end; ++chunk) {
       const int64_t c0 = chunk * kWeightChunk, len = std::min(n, c0 + kWeightChunk) - c0;
-      for (int p = 0; p < W::alpha; ++p) {
-        scalar_t coef[3];
-        const scalar_t* src[3];
+      for (int o = 0; o < Out; ++o) {
+        scalar_t coefs[In];
+        const scalar_t* rows[In];
         int terms = 0;
-        for (int j = 0; j < 3; ++j) {
-          if (W::G[p][j] == 0) continue;
-          coef[terms] = static_cast<scalar_t>(W::G[p][j]);
-          src[terms++] = w + j * n + c0;
+        for (int i = 0; i < In; ++i) {
+          if (coef(o, i) == 0) continue;
+          coefs[terms] = static_cast<scalar_t>(coef(o, i));
+          rows[terms++] = src + i * n + c0;
         }
-        combine<scalar_t>(terms, coef, src, nullptr, len, U + p * n + c0);
+        combine<scalar_t>(terms, coefs, rows, nullptr, len, dst + o * n + c0);
       }
     }
   });
 }
 
 template <int M, typename scalar_t>
+void winograd_weights(const scalar_t* w, int64_t n, scalar_t* U) {
+  using W = Winograd<M>;
+  weight_rows_lincomb<W::alpha, 3>(w, n, U, [](int p, int j) { return W::G[p][j]; });
+}
+
+template <int M, typename scalar_t>
 void winograd_weight_grads(const scalar_t* dU, int64_t n, scalar_t* dw) {
   using W = Winograd<M>;
-  at::parallel_for(0, (n + kWeightChunk - 1) / kWeightChunk, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t chunk = begin; chunk < end; ++chunk) {
-      const int64_t c0 = chunk * kWeightChunk, len = std::min(n, c0 + kWeightChunk) - c0;
-      for (int j = 0; j < 3; ++j) {
-        scalar_t coef[W::alpha];
-        const scalar_t* src[W::alpha];
-        int terms = 0;
-        for (int p = 0; p < W::alpha; ++p) {
-          if (W::G[p][j] == 0) continue;
-          coef[terms] = static_cast<scalar_t>(W::G[p][j]);
-          src[terms++] = dU + p * n + c0;
-        }
-        combine<scalar_t>(terms, coef, src, nullptr, len, dw + j * n + c0);
-      }
-    }
-  });
+  weight_rows_lincomb<3, W::alpha>(dU, n, dw, [](int j, int p) { return W::G[p][j]; });
 }
 
 // The (alpha, C_in, 2C) transformed weight U = G @ weight.

@@ -48,12 +48,18 @@ def _attention_setup(ctx, inputs, output):
     ctx.left_pad = left_pad
 
 
-def _attention_backward(ctx, dctx, dp_scaled):
-    # dp_scaled: the gradient reaching the returned probabilities (return_attn), zeros otherwise
+def _attention_grads(ctx, dctx, dp_scaled, backward):
+    """The inputs' gradients from what _attention_setup saved, by ``backward`` (the native call or its
+    custom op); dp_scaled: the gradient reaching the returned probabilities (return_attn), zeros or None otherwise."""
     q, z, y, p_scaled, src_lengths = ctx.saved_tensors
-    dq, dz, dy = _attention_backward_op(dctx.contiguous(), q, z, y, p_scaled, src_lengths, ctx.left_pad,
-                                        dp_scaled)
+    dctx = torch.zeros_like(q) if dctx is None else dctx.contiguous()
+    dp_scaled = None if dp_scaled is None else dp_scaled.contiguous()
+    dq, dz, dy = backward(dctx, q, z, y, p_scaled, src_lengths, ctx.left_pad, dp_scaled)
     return dq, dz, dy, None, None
+
+
+def _attention_backward(ctx, dctx, dp_scaled):
+    return _attention_grads(ctx, dctx, dp_scaled, _attention_backward_op)
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
@@ -65,21 +71,16 @@ class _Attention(torch.autograd.Function):
     eager path")."""
 
     @staticmethod
-    def forward(ctx, q, z, y, src_lengths, left_pad):
-        out, p_scaled = native().attention_forward(q, z, y, src_lengths, left_pad)
-        ctx.save_for_backward(q, z, y, p_scaled, src_lengths)
-        ctx.left_pad = left_pad
+    def forward(ctx, *inputs):
+        out, p_scaled = native().attention_forward(*inputs)
+        _attention_setup(ctx, inputs, (out, p_scaled))
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros made
         return out, p_scaled
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the kernels have no derivative of their own
     def backward(ctx, dctx, dp_scaled):
-        q, z, y, p_scaled, src_lengths = ctx.saved_tensors
-        dctx = torch.zeros_like(q) if dctx is None else dctx.contiguous()
-        dp_scaled = None if dp_scaled is None else dp_scaled.contiguous()
-        dq, dz, dy = native().attention_backward(dctx, q, z, y, p_scaled, src_lengths, ctx.left_pad, dp_scaled)
-        return dq, dz, dy, None, None
+        return _attention_grads(ctx, dctx, dp_scaled, native().attention_backward)
 
 
 def attention_embsum_cpp(q, z, y, src_lengths=None, *, left_pad=True, return_attn=False):

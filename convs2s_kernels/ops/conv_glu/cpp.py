@@ -86,11 +86,17 @@ def _conv_glu_setup(ctx, inputs, output):
     ctx.has_bias, ctx.has_residual = bias is not None, residual is not None
 
 
-def _conv_glu_backward(ctx, dout, _dpre):
+def _conv_glu_grads(ctx, dout, backward):
+    """The inputs' gradients from what _conv_glu_setup saved, by ``backward`` (the native call or its custom op)."""
     x, weight, pre, pad_mask = ctx.saved_tensors
-    dx, dw, db, dres = _conv_glu_backward_op(dout.contiguous(), x, weight, pre, pad_mask, ctx.causal, ctx.scale,
-                                             ctx.has_residual and ctx.needs_input_grad[3], ctx.winograd)
-    return dx, dw, db if ctx.has_bias else None, dres if dres.numel() else None, None, None, None, None, None
+    need_dres = ctx.has_residual and ctx.needs_input_grad[3]
+    dx, dw, db, dres = backward(dout.contiguous(), x, weight, pre, pad_mask, ctx.causal, ctx.scale, need_dres,
+                                ctx.winograd)
+    return dx, dw, db if ctx.has_bias else None, dres if need_dres else None, None, None, None, None, None
+
+
+def _conv_glu_backward(ctx, dout, _dpre):
+    return _conv_glu_grads(ctx, dout, _conv_glu_backward_op)
 
 
 _conv_glu_op.register_autograd(_conv_glu_backward, setup_context=_conv_glu_setup)
@@ -102,21 +108,15 @@ class _ConvGlu(torch.autograd.Function):
     (bench/results/amd-zen3-2c/training-ops.md, "The conv+GLU op's eager path")."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, residual, pad_mask, causal, scale, packed, winograd):
-        out, pre = native().conv_glu_forward(x, weight, bias, residual, pad_mask, causal, scale, packed, winograd)
-        ctx.save_for_backward(x, weight, pre, pad_mask)
-        ctx.causal, ctx.scale, ctx.winograd = causal, scale, winograd
-        ctx.has_bias, ctx.has_residual = bias is not None, residual is not None
+    def forward(ctx, *inputs):
+        out, pre = native().conv_glu_forward(*inputs)
+        _conv_glu_setup(ctx, inputs, (out, pre))
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the kernels have no derivative of their own
     def backward(ctx, dout):
-        x, weight, pre, pad_mask = ctx.saved_tensors
-        need_dres = ctx.has_residual and ctx.needs_input_grad[3]
-        dx, dw, db, dres = native().conv_glu_backward(dout.contiguous(), x, weight, pre, pad_mask, ctx.causal,
-                                                      ctx.scale, need_dres, ctx.winograd)
-        return dx, dw, db if ctx.has_bias else None, dres if need_dres else None, None, None, None, None, None
+        return _conv_glu_grads(ctx, dout, native().conv_glu_backward)
 
 
 def conv_glu_cpp(x, weight, bias=None, *, causal, residual=None, scale=None, pad_mask=None, packed=None):
