@@ -3,10 +3,14 @@ round runs one process per tree (order alternated, ABBA), each timing the same u
 (``convs2s.train.Trainer.train_step``, the recipe's settings, a data folder's first batches after
 warm-ups) under the same allocator; prints target tokens/s per round, the medians, and the
 per-round ratio with its range. For a change to the training path (``csrc/``, the trainer).
+With ``--conv-layer B,T,C`` each process times one conv+GLU layer's forward + backward instead
+(``ck.conv_glu``, cpp, width 3, causal, bias, residual and the sqrt(1/2) scale, as the decoder
+runs it in training), ``--updates`` calls: a pass-level change too small for whole updates to resolve.
 
     git worktree add /tmp/before <commit> && (cd /tmp/before && python3 setup.py build_ext --inplace)
     python3 bench/train_update_ab.py DATA --before /tmp/before --after . [--rounds 5] [--updates 25]
                                      [--warmup 5] [--max-tokens 1000] [--arch fconv_iwslt_de_en] [--json OUT]
+                                     [--conv-layer 64,16,256]
 """
 
 from __future__ import annotations
@@ -40,6 +44,31 @@ print(json.dumps(dict(seconds=seconds, tokens=tokens, tok_s=tokens / seconds,
                       ran={f"{op} ({b})": n for (op, b), n in sorted(counts.items())})))
 """
 
+CONV_CHILD = r"""
+import json, math, sys, time
+import torch
+import convs2s_kernels as ck
+torch.set_num_threads(2)
+(B, T, C), warmup, calls = map(int, sys.argv[1].split(",")), int(sys.argv[2]), int(sys.argv[3])
+torch.manual_seed(0)
+x = torch.randn(B, T, C, requires_grad=True)
+w = (torch.randn(3, C, 2 * C) / math.sqrt(3 * C)).requires_grad_()
+b, res = torch.zeros(2 * C, requires_grad=True), torch.randn(B, T, C, requires_grad=True)
+dout = torch.randn(B, T, C)
+def call():
+    out = ck.conv_glu(x, w, b, causal=True, residual=res, scale=math.sqrt(0.5), backend="cpp")
+    torch.autograd.grad(out, (x, w, b, res), dout)
+with ck.count_dispatches() as counts:
+    for _ in range(warmup):
+        call()
+t0 = time.perf_counter()
+for _ in range(calls):
+    call()
+seconds = time.perf_counter() - t0
+print(json.dumps(dict(seconds=seconds, tokens=B * T * calls, tok_s=B * T * calls / seconds,
+                      ran={f"{op} ({b})": n for (op, b), n in sorted(counts.items())})))
+"""
+
 
 def run_tree(tree: str, args) -> dict:
     from convs2s.allocator import find_library
@@ -48,8 +77,12 @@ def run_tree(tree: str, args) -> dict:
     lib = find_library()
     if lib and lib not in env.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
-    out = subprocess.run([sys.executable, "-c", CHILD, args.data, args.arch, str(args.max_tokens), str(args.warmup),
-                          str(args.updates)], env=env, cwd=tree, capture_output=True, text=True)
+    if args.conv_layer:
+        cmd = [sys.executable, "-c", CONV_CHILD, args.conv_layer, str(args.warmup), str(args.updates)]
+    else:
+        cmd = [sys.executable, "-c", CHILD, args.data, args.arch, str(args.max_tokens), str(args.warmup),
+               str(args.updates)]
+    out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"error: the {tree} process failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -65,8 +98,10 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--updates", type=int, default=25)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--conv-layer", metavar="B,T,C", help="time one conv+GLU layer's forward + backward instead")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    unit = "rows/s (a conv+GLU layer's forward + backward)" if args.conv_layer else "target tokens/s"
     trees = {"before": os.path.abspath(args.before), "after": os.path.abspath(args.after)}
     rates = {"before": [], "after": []}
     ran = {}
@@ -76,18 +111,18 @@ def main(argv=None) -> int:
             res = run_tree(trees[name], args)
             rates[name].append(res["tok_s"])
             ran[name] = res["ran"]
-        print(f"round {r + 1}: before {rates['before'][-1]:,.0f}  after {rates['after'][-1]:,.0f} target tokens/s  "
+        print(f"round {r + 1}: before {rates['before'][-1]:,.0f}  after {rates['after'][-1]:,.0f} {unit}  "
               f"({rates['after'][-1] / rates['before'][-1]:.2f}x)", flush=True)
     ratios = [a / b for a, b in zip(rates["after"], rates["before"])]
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"median: before {med['before']:,.0f}  after {med['after']:,.0f} target tokens/s; per round "
+    print(f"median: before {med['before']:,.0f}  after {med['after']:,.0f} {unit}; per round "
           f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
     for name in ("before", "after"):
         print(f"{name} ran: {', '.join(f'{k} x{v}' for k, v in ran[name].items())}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(what="whole training updates of two trees, alternating processes (bench/train_update_ab.py)",
-                           args=vars(args), trees=trees, target_tokens_per_s=rates, median=med,
+            json.dump(dict(what=f"{unit} of two trees, alternating processes (bench/train_update_ab.py)",
+                           unit=unit, args=vars(args), trees=trees, rates=rates, median=med,
                            per_round_ratio=ratios, ran=ran), f, indent=1)
     return 0
 
