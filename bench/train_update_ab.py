@@ -10,7 +10,7 @@ runs it in training), ``--updates`` calls: a pass-level change too small for who
     git worktree add /tmp/before <commit> && (cd /tmp/before && python3 setup.py build_ext --inplace)
     python3 bench/train_update_ab.py DATA --before /tmp/before --after . [--rounds 5] [--updates 25]
                                      [--warmup 5] [--max-tokens 1000] [--arch fconv_iwslt_de_en] [--json OUT]
-                                     [--conv-layer 64,16,256]
+    python3 bench/train_update_ab.py --conv-layer 62,16,256 --before /tmp/before --after . [--rounds 20] [--updates 30]
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ for _ in range(calls):
     call()
 seconds = time.perf_counter() - t0
 print(json.dumps(dict(seconds=seconds, tokens=B * T * calls, tok_s=B * T * calls / seconds,
-                      ran={f"{op} ({b})": n for (op, b), n in sorted(counts.items())})))
+                      ran={f"{op} ({backend})": n for (op, backend), n in sorted(counts.items())})))
 """
 
 
@@ -90,7 +90,7 @@ def run_tree(tree: str, args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("data")
+    p.add_argument("data", nargs="?", help="a data folder written by `convs2s data prepare` (not with --conv-layer)")
     p.add_argument("--before", required=True, help="source tree with its extension built in place")
     p.add_argument("--after", required=True)
     p.add_argument("--arch", default="fconv_iwslt_de_en")
@@ -101,6 +101,8 @@ def main(argv=None) -> int:
     p.add_argument("--conv-layer", metavar="B,T,C", help="time one conv+GLU layer's forward + backward instead")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    if not args.conv_layer and not args.data:
+        p.error("give a data folder (DATA), or --conv-layer B,T,C")
     unit = "rows/s (a conv+GLU layer's forward + backward)" if args.conv_layer else "target tokens/s"
     trees = {"before": os.path.abspath(args.before), "after": os.path.abspath(args.after)}
     rates = {"before": [], "after": []}
