@@ -22,10 +22,27 @@ import statistics
 import subprocess
 import sys
 
-CHILD = r"""
-import json, sys, tempfile, time
+# Both children time `step(i)` (it returns the tokens it ran) the same way: warm-ups counted by
+# dispatch label, then `calls` timed calls.
+TIMER = r"""
+import json, sys, time
 import torch
 import convs2s_kernels as ck
+torch.set_num_threads(2)
+def time_calls(step, warmup, calls):
+    with ck.count_dispatches() as counts:
+        for i in range(warmup):
+            step(i)
+    tokens, t0 = 0, time.perf_counter()
+    for i in range(warmup, warmup + calls):
+        tokens += step(i)
+    seconds = time.perf_counter() - t0
+    print(json.dumps(dict(seconds=seconds, tokens=tokens, tok_s=tokens / seconds,
+                          ran={f"{op} ({backend})": n for (op, backend), n in sorted(counts.items())})))
+"""
+
+CHILD = TIMER + r"""
+import tempfile
 from convs2s.train import Trainer, TrainConfig
 data, arch, max_tokens, warmup, updates = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 with tempfile.TemporaryDirectory(prefix="train-update-ab-") as tmp:
@@ -33,40 +50,22 @@ with tempfile.TemporaryDirectory(prefix="train-update-ab-") as tmp:
                       label_smoothing=0.1, clip_norm=0.1, threads=2)
     trainer = Trainer(cfg, log=lambda *a, **k: None)
     groups = trainer.epoch_groups(1)
-    with ck.count_dispatches() as counts:
-        for i in range(warmup):
-            trainer.train_step(groups[i], 1, i)
-    tokens, t0 = 0, time.perf_counter()
-    for i in range(warmup, warmup + updates):
-        tokens += trainer.train_step(groups[i], 1, i)["ntokens"]
-    seconds = time.perf_counter() - t0
-print(json.dumps(dict(seconds=seconds, tokens=tokens, tok_s=tokens / seconds,
-                      ran={f"{op} ({b})": n for (op, b), n in sorted(counts.items())})))
+    time_calls(lambda i: trainer.train_step(groups[i], 1, i)["ntokens"], warmup, updates)
 """
 
-CONV_CHILD = r"""
-import json, math, sys, time
-import torch
-import convs2s_kernels as ck
-torch.set_num_threads(2)
+CONV_CHILD = TIMER + r"""
+import math
 (B, T, C), warmup, calls = map(int, sys.argv[1].split(",")), int(sys.argv[2]), int(sys.argv[3])
 torch.manual_seed(0)
 x = torch.randn(B, T, C, requires_grad=True)
 w = (torch.randn(3, C, 2 * C) / math.sqrt(3 * C)).requires_grad_()
 b, res = torch.zeros(2 * C, requires_grad=True), torch.randn(B, T, C, requires_grad=True)
 dout = torch.randn(B, T, C)
-def call():
+def step(i):
     out = ck.conv_glu(x, w, b, causal=True, residual=res, scale=math.sqrt(0.5), backend="cpp")
     torch.autograd.grad(out, (x, w, b, res), dout)
-with ck.count_dispatches() as counts:
-    for _ in range(warmup):
-        call()
-t0 = time.perf_counter()
-for _ in range(calls):
-    call()
-seconds = time.perf_counter() - t0
-print(json.dumps(dict(seconds=seconds, tokens=B * T * calls, tok_s=B * T * calls / seconds,
-                      ran={f"{op} ({backend})": n for (op, backend), n in sorted(counts.items())})))
+    return B * T
+time_calls(step, warmup, calls)
 """
 
 
