@@ -9,7 +9,7 @@ runs it in training), ``--updates`` calls: a pass-level change too small for who
 
     git worktree add /tmp/before <commit> && (cd /tmp/before && python3 setup.py build_ext --inplace)
     python3 bench/train_update_ab.py DATA --before /tmp/before --after . [--rounds 5] [--updates 25]
-                                     [--warmup 5] [--max-tokens 1000] [--arch fconv_iwslt_de_en] [--json OUT]
+                                     [--warmup 5] [--max-tokens 1000] [--arch fconv_iwslt_de_en] [--bf16] [--json OUT]
     python3 bench/train_update_ab.py --conv-layer 62,16,256 --before /tmp/before --after . [--rounds 20] [--updates 30]
 """
 
@@ -45,9 +45,10 @@ CHILD = TIMER + r"""
 import tempfile
 from convs2s.train import Trainer, TrainConfig
 data, arch, max_tokens, warmup, updates = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+bf16 = sys.argv[6] == "bf16"
 with tempfile.TemporaryDirectory(prefix="train-update-ab-") as tmp:
     cfg = TrainConfig(data=data, save_dir=tmp, arch=arch, model_overrides={"dropout": 0.2}, max_tokens=max_tokens,
-                      label_smoothing=0.1, clip_norm=0.1, threads=2)
+                      label_smoothing=0.1, clip_norm=0.1, threads=2, bf16=bf16)
     trainer = Trainer(cfg, log=lambda *a, **k: None)
     groups = trainer.epoch_groups(1)
     time_calls(lambda i: trainer.train_step(groups[i], 1, i)["ntokens"], warmup, updates)
@@ -80,7 +81,7 @@ def run_tree(tree: str, args) -> dict:
         cmd = [sys.executable, "-c", CONV_CHILD, args.conv_layer, str(args.warmup), str(args.updates)]
     else:
         cmd = [sys.executable, "-c", CHILD, args.data, args.arch, str(args.max_tokens), str(args.warmup),
-               str(args.updates)]
+               str(args.updates), "bf16" if args.bf16 else "fp32"]
     out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"error: the {tree} process failed:\n{out.stderr[-2000:]}")
@@ -98,6 +99,7 @@ def main(argv=None) -> int:
     p.add_argument("--updates", type=int, default=25)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--conv-layer", metavar="B,T,C", help="time one conv+GLU layer's forward + backward instead")
+    p.add_argument("--bf16", action="store_true", help="updates under bf16 autocast (`convs2s train --precision bf16`)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     if not args.conv_layer and not args.data:

@@ -9,7 +9,9 @@
 // logits never exist, nor their log-softmax or its gradient. In float32 the block's reductions and
 // its gradient are three passes of the kernels below (vectorised per instruction set: a max and
 // sum, a sum of exponentials, the gradient with the bias gradient's row sums) instead of ATen's
-// ten-odd passes of logsumexp, sums, exp and the in-place arithmetic.
+// ten-odd passes of logsumexp, sums, exp and the in-place arithmetic. In bfloat16 (bf16 autocast)
+// the three products run in bf16 as autocast's F.linear would, the block's logits are widened to
+// float32 for the same fused passes, and dw and db are summed over the blocks in float32.
 
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/arange.h>
@@ -203,17 +205,21 @@ std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tenso
   TORCH_CHECK(target.dim() == 1 && target.size(0) == x.size(0), "output_loss: target (N,)");
   TORCH_CHECK(block_rows > 0, "output_loss: block_rows > 0");
   const at::Tensor xc = x.contiguous(), w = weight.contiguous(), t = target.to(at::kLong).contiguous();
+  TORCH_CHECK(w.scalar_type() == xc.scalar_type(), "output_loss: x and weight of one dtype");
   const int64_t n = xc.size(0), v = w.size(0);
   const double eps_i = eps > 0 ? eps / double(v - 1) : 0.0;
-  const auto f64 = xc.options().dtype(at::kDouble);
+  const bool bf16 = xc.scalar_type() == at::kBFloat16;
+  const auto f64 = xc.options().dtype(at::kDouble), sums = bf16 ? xc.options().dtype(at::kFloat) : xc.options();
   at::Tensor loss = at::zeros({}, f64), nll = at::zeros({}, f64);
   at::Tensor dx, dw, db;
   if (grads) {
     dx = at::empty_like(xc);
-    dw = at::zeros_like(w);
-    db = at::zeros({v}, xc.options());
+    dw = at::zeros(w.sizes(), sums);
+    db = at::zeros({v}, sums);
   }
-  at::Tensor buf = at::empty({v * std::max<int64_t>(std::min(block_rows, n), 1)}, xc.options());
+  const int64_t most = v * std::max<int64_t>(std::min(block_rows, n), 1);
+  at::Tensor buf = at::empty({most}, xc.options());
+  at::Tensor wide = bf16 ? at::empty({most}, sums) : at::Tensor();  // a bf16 block's logits, then gradient, in float32
   at::Tensor b = bias.has_value() ? bias->contiguous().unsqueeze(1) : at::Tensor();
   for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
     const int64_t rows = std::min(n, r0 + block_rows) - r0;
@@ -223,6 +229,17 @@ std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tenso
       at::addmm_out(logits, b, w, xb.t());
     else
       at::mm_out(logits, w, xb.t());
+    if (bf16) {  // the fused passes on the block widened to float32, the products in bf16
+      at::Tensor lf = wide.narrow(0, 0, v * rows).view({v, rows});
+      lf.copy_(logits);
+      block_loss_f32(lf, tb, ignore_index, eps, eps_i, loss, nll, grads ? db.data_ptr<float>() : nullptr);
+      if (!grads) continue;
+      logits.copy_(lf);
+      at::Tensor dxb = dx.narrow(0, r0, rows);
+      at::mm_out(dxb, logits.t(), w);
+      dw.add_(at::mm(logits, xb));
+      continue;
+    }
     if (xc.scalar_type() == at::kFloat) {  // the fused passes
       block_loss_f32(logits, tb, ignore_index, eps, eps_i, loss, nll, grads ? db.data_ptr<float>() : nullptr);
       if (!grads) continue;
@@ -252,8 +269,9 @@ std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tenso
     dw.addmm_(logits, xb);
     db.add_(logits.sum(1));
   }
-  if (!(eps > 0) && xc.scalar_type() != at::kFloat) loss.copy_(nll);
+  if (!(eps > 0) && xc.scalar_type() != at::kFloat && !bf16) loss.copy_(nll);
   if (!grads) return {loss, nll};
+  if (bf16) return {loss, nll, dx, dw.to(at::kBFloat16), db.to(at::kBFloat16)};
   return {loss, nll, dx, dw, db};
 }
 

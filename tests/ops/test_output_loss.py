@@ -1,7 +1,8 @@
 """``output_loss``: the cpp backend (logits a block of rows at a time, gradients made with the
-loss) against the reference (the whole logits, log-softmax, autograd), in float64 and float32,
-forward and backward: odd sizes, several blocks, strided inputs, ignored rows, no bias, label
-smoothing on and off, a scaled incoming gradient, and the no-gradient path of validation."""
+loss) against the reference (the whole logits, log-softmax, autograd), in float64, float32 and
+bfloat16 (autocast's), forward and backward: odd sizes, several blocks, strided inputs, ignored
+rows, no bias, label smoothing on and off, a scaled incoming gradient, and the no-gradient path of
+validation."""
 
 import os
 import subprocess
@@ -97,6 +98,51 @@ def test_cpp_float32_fused_passes_match_float64(n, c, v, eps, bias, strided, mon
 def test_cpp_float32_sums_hold_at_a_wmt_sized_vocabulary():
     """40,000 words: the column sums come in blocks, so the loss stays within float32's reach of float64's."""
     float32_against_float64(24, 16, 40000, 0.1, True, False, seed=5)
+
+
+def relative_error(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+@pytest.mark.parametrize("n,c,v", [(37, 16, 23), (600, 64, 1001)])  # 600 rows: two blocks of the default size
+def test_cpp_bfloat16_matches_the_float64_reference_on_its_inputs(n, c, v):
+    """bf16 (autocast's dtype): products in bf16, passes in float32; a float32 loss within bf16's
+    rounding of the logits of the float64 reference on the same (bf16-rounded) inputs."""
+    x, w, b, target = (t.bfloat16() if t.is_floating_point() else t for t in inputs(n, c, v, torch.float32, n))
+    runnable("cpp", "output_loss", x, w, b, target)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    loss, nll = ck.output_loss(*leaves, target, label_smoothing=0.1, backend="cpp")
+    assert loss.dtype == torch.float32 and nll.dtype == torch.float32
+    grads = torch.autograd.grad(loss * 1.7, leaves)
+    ref = [t.double().requires_grad_() for t in (x, w, b)]
+    want, want_nll = ck.output_loss_ref(*ref, target, label_smoothing=0.1)
+    want_grads = torch.autograd.grad(want * 1.7, ref)
+    torch.testing.assert_close(loss.double(), want, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(nll.double(), want_nll, rtol=1e-2, atol=1e-2)
+    plain = [t.clone().requires_grad_() for t in (x, w, b)]  # the reference in bf16: autocast's own rounding
+    plain_grads = torch.autograd.grad(ck.output_loss_ref(*plain, target, label_smoothing=0.1)[0] * 1.7, plain)
+    for name, got, w64, bf in zip("xwb", grads, want_grads, plain_grads):
+        assert got.dtype == torch.bfloat16, name
+        assert relative_error(got, w64) < max(2 * relative_error(bf, w64), 1e-2), name
+
+
+def test_cpp_under_bf16_autocast_trains_the_float32_weights():
+    """The trainer's path: float32 leaves, autocast casts them to bf16 and the gradients back."""
+    x, w, b, target = inputs(300, 32, 501, torch.float32, 11)
+    got = {}
+    for backend in ("cpp", "reference"):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = ck.output_loss(*leaves, target, label_smoothing=0.1, backend=backend)
+        got[backend] = (loss, torch.autograd.grad(loss, leaves))
+    ref = [t.double().requires_grad_() for t in (x, w, b)]
+    want = ck.output_loss_ref(*ref, target, label_smoothing=0.1)[0]
+    want_grads = torch.autograd.grad(want, ref)
+    for backend, (loss, grads) in got.items():
+        assert loss.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads), backend
+        assert abs(loss.item() - want.item()) < 1e-2 * abs(want.item()), backend
+        for name, g, w64 in zip("xwb", grads, want_grads):
+            assert relative_error(g, w64) < 3e-2, (backend, name)
 
 
 _ISA_CODE = """
