@@ -99,7 +99,7 @@ def test_the_int8_kernel_runs_below_its_instructions_register_rate():
             "    after = roofline.int8_dot_peak_gops(repeats=3, activation_bits=bits, weight_bits=wbits)\n"
             "    print(native().linear_w8a8_isa(), None if before is None else max(before, after), kernel,"
             " roofline.fma_peak_gflops(repeats=2))")
-    for cap in ("avx2", "baseline"):
+    def check(cap):
         # oneDNN capped too: on a VNNI CPU the library's exact int8 GEMM would otherwise take the
         # 64-row product, faster than any AVX2 instruction rate
         env = dict(os.environ, CONVS2S_KERNELS_ISA=cap, ONEDNN_MAX_CPU_ISA="AVX2")
@@ -118,6 +118,18 @@ def test_the_int8_kernel_runs_below_its_instructions_register_rate():
                 # 32 multiply-adds per 2 multiplies (64 per 3 paired) against 8 per FMA: at most 4x
                 # (6x) the FMA units' rate
                 assert float(dot) < (6 if bits == (7, 7) else 4) * float(fma), (bits, dot, fma)
+
+    for cap in ("avx2", "baseline"):
+        # a rate bound sampled in seconds: a whole sample is taken again (at most twice more) when
+        # one failed, as the full suite's other worker can slow one rate and not the other (seen
+        # once in the full suite on a Zen 4, 2026-11-29); a miscount fails every sample
+        for attempt in range(3):
+            try:
+                check(cap)
+                break
+            except AssertionError:
+                if attempt == 2:
+                    raise
 
 
 def test_a_case_streamed_from_memory_is_held_against_the_bandwidth_sampled_beside_it(monkeypatch):
