@@ -42,14 +42,19 @@ def test_the_fma_peak_is_positive_and_follows_the_isa_cap():
     assert peak is not None and peak > 0
     code = ("import torch; from convs2s_bench import roofline; torch.set_num_threads(1); "
             "print(roofline.fma_peak_gflops(repeats=2))")
-    rates = {}
-    for cap in ("avx2", "baseline"):
-        env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-        assert out.returncode == 0, out.stderr[-2000:]
-        rates[cap] = float(out.stdout.strip())
+    rates = {"avx2": [], "baseline": []}
+    # each cap's best of up to three samples, taken in turn: the full suite's other worker can slow
+    # one sample (seen once in the full suite on a Zen 4, 2026-11-29), never speed one up
+    for attempt in range(3):
+        for cap in ("avx2", "baseline"):
+            env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+            assert out.returncode == 0, out.stderr[-2000:]
+            rates[cap].append(float(out.stdout.strip()))
+        if max(rates["avx2"]) > 1.5 * max(rates["baseline"]):
+            break
     # 8 float lanes with FMA against 4 lanes with a multiply and an add: at least twice the rate
-    assert rates["avx2"] > 1.5 * rates["baseline"] > 0
+    assert max(rates["avx2"]) > 1.5 * max(rates["baseline"]) > 0, rates
 
 
 def test_the_copy_bandwidth_is_measured_on_huge_pages(monkeypatch):
