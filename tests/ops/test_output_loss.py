@@ -13,7 +13,7 @@ import torch
 
 import convs2s_kernels as ck
 from convs2s_kernels.ops.output_loss import cpp as output_loss_cpp
-from harness import runnable
+from harness import relative_error, runnable
 
 PAD = 1
 
@@ -98,10 +98,6 @@ def test_cpp_float32_fused_passes_match_float64(n, c, v, eps, bias, strided, mon
 def test_cpp_float32_sums_hold_at_a_wmt_sized_vocabulary():
     """40,000 words: the column sums come in blocks, so the loss stays within float32's reach of float64's."""
     float32_against_float64(24, 16, 40000, 0.1, True, False, seed=5)
-
-
-def relative_error(got, want):
-    return ((got.double() - want.double()).norm() / want.double().norm()).item()
 
 
 @pytest.mark.parametrize("n,c,v", [(37, 16, 23), (600, 64, 1001)])  # 600 rows: two blocks of the default size
