@@ -1,34 +1,41 @@
 """``output_loss`` per backend: the output projection and the label-smoothed loss, forward and
 backward, at the training's shapes (fconv_iwslt_de_en on Multi30k: 2,000 rows x 256 -> 5,477
 words; fconv_wmt_en_de: 4,000 rows x 256 -> 40,000 words at a smaller slice of rows). FLOPs: the
-three products (logits, input and weight gradients)."""
+three products (logits, input and weight gradients). bf16: float32 leaves under bf16 autocast, as
+``convs2s train --precision bf16`` runs it."""
+
+import contextlib
 
 import pytest
 import torch
 
 import convs2s_kernels as ck
 
-from convs2s_bench.harness import record, run_timed
+from convs2s_bench.harness import SMOKE, record, run_timed
 
-SHAPES = [(2000, 256, 5477), (1000, 256, 40000)]
+# the smoke run: one shape of odd sizes over two blocks of rows, the path without the time
+SHAPES = [(601, 24, 1001)] if SMOKE else [(2000, 256, 5477), (1000, 256, 40000)]
 
 
 @pytest.mark.parametrize("shape", [pytest.param(s, id=f"N{s[0]}_C{s[1]}_V{s[2]}") for s in SHAPES])
 @pytest.mark.parametrize("backend", ["reference", "cpp"])
-def test_output_loss(benchmark, runnable, peaks, device, backend, shape):
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+def test_output_loss(benchmark, runnable, peaks, device, backend, shape, dtype_name):
     n, c, v = shape
     x = torch.randn(n, c, device=device, requires_grad=True)
     w = (torch.randn(v, c, device=device) / c ** 0.5).requires_grad_()
     b = torch.zeros(v, device=device, requires_grad=True)
     target = torch.randint(4, v, (n,), device=device)
-    runnable(backend, "output_loss", x, w, b, target)
-    benchmark.group = f"output_loss N{n} C{c} V{v} float32"
+    bf16 = dtype_name == "bf16"
+    runnable(backend, "output_loss", *([t.bfloat16() for t in (x, w, b)] if bf16 else [x, w, b]), target)
+    benchmark.group = f"output_loss N{n} C{c} V{v} {dtype_name}"
 
     def run():
-        loss, _ = ck.output_loss(x, w, b, target, label_smoothing=0.1, backend=backend)
+        with torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            loss, _ = ck.output_loss(x, w, b, target, label_smoothing=0.1, backend=backend)
         loss.backward()
         return loss
 
     run_timed(benchmark, run, device)
     record(benchmark, flops=3 * 2.0 * n * c * v, bytes_moved=4.0 * (2 * v * c + 2 * n * c), peaks=peaks,
-           dtype_name="float32")
+           dtype_name=dtype_name)
