@@ -7,7 +7,8 @@
 # project's ../shared copy, else the files are fetched with `convs2s data multi30k`.
 # TRAIN_MINUTES (default 90) bounds the training time, the last DECAY_MINUTES (default 25) annealing
 # the lr to zero; snapshots are kept at 30 and 60 minutes.
-# SRC / TGT (default en / de) pick the direction, e.g. SRC=de TGT=en.
+# SRC / TGT (default en / de) pick the direction, e.g. SRC=de TGT=en; DROPOUT (default 0.3) is for
+# trying another on the validation set.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 work="${1:-runs/multi30k}"
@@ -15,6 +16,7 @@ minutes="${TRAIN_MINUTES:-90}"
 decay="${DECAY_MINUTES:-25}"
 src="${SRC:-en}"
 tgt="${TGT:-de}"
+dropout="${DROPOUT:-0.3}"
 data="${MULTI30K:-$here/../../../shared/data/multi30k}"
 if [ ! -f "$data/train.en.gz" ]; then
     data="$work/raw"
@@ -43,7 +45,7 @@ fi
 # take the lr linearly to zero, so the clock stops an annealed model.
 # bf16 autocast where a conv+GLU layer's forward+backward was measured faster than fp32 (--precision auto).
 python3 -m convs2s train "$work/bin" --save-dir "$work/ckpt" --arch fconv_iwslt_de_en \
-    --dropout 0.3 --label-smoothing 0.1 --lr 0.25 --clip-norm 0.1 --max-tokens 1000 --lr-shrink 1 --precision auto \
+    --dropout "$dropout" --label-smoothing 0.1 --lr 0.25 --clip-norm 0.1 --max-tokens 1000 --lr-shrink 1 --precision auto \
     --max-time "$minutes" --decay-minutes "$decay" --snapshot-minutes 30,60 --keep-last-epochs 5 --resume
 
 # fairseq's checkpoint averaging over the last 5 epochs (those of the annealing)
