@@ -28,4 +28,4 @@ def test_dropout(benchmark, runnable, peaks, device, backend, shape):
 
     run_timed(benchmark, run, device)
     record(benchmark, flops=2.0 * x.numel(), bytes_moved=4.0 * x.numel() * x.element_size(), peaks=peaks,
-           dtype_name="float32")
+           dtype_name="fp32")

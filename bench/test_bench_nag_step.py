@@ -33,4 +33,4 @@ def test_nag_step(benchmark, runnable, peaks, device, backend):
 
     run_timed(benchmark, run, device)
     n = sum(p.numel() for p in params)
-    record(benchmark, flops=6.0 * n, bytes_moved=5.0 * 4 * n, peaks=peaks, dtype_name="float32")
+    record(benchmark, flops=6.0 * n, bytes_moved=5.0 * 4 * n, peaks=peaks, dtype_name="fp32")
