@@ -55,7 +55,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("output_loss_forward", &convs2s::output_loss_forward,
         "output projection + label-smoothed cross-entropy, block by block; returns (loss, nll[, dx, dweight, dbias])",
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("target"), py::arg("eps"), py::arg("ignore_index"),
-        py::arg("grads"), py::arg("block_rows"));
+        py::arg("grads"), py::arg("block_rows"), py::arg("library") = 0);
   m.def("set_few_rows_choice",
         [](int64_t form, const std::string& dtype, int64_t K, int64_t N, const std::vector<bool>& kernel_rows) {
           convs2s::set_few_rows_choice(form, convs2s::weight_dtype(dtype), K, N, kernel_rows);

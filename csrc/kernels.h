@@ -72,9 +72,11 @@ void nag_step(const std::vector<at::Tensor>& params, const std::vector<c10::opti
 // The output projection x (N, C) @ weight (V, C)^T + bias and the label-smoothed cross-entropy
 // summed over rows whose target is not ignore_index, block_rows rows at a time: output_loss_cpu.cpp.
 // Returns (loss, nll) as float64 scalars, then (dx, dweight, dbias) for a gradient of 1 if grads.
+// library: 0 every product on ATen's GEMM; 1 float32's logits and weight-gradient products on
+// oneDNN's inner product (library_gemm.h), the input gradient's on ATen's (measured per machine).
 std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tensor& weight,
                                             const c10::optional<at::Tensor>& bias, const at::Tensor& target, double eps,
-                                            int64_t ignore_index, bool grads, int64_t block_rows);
+                                            int64_t ignore_index, bool grads, int64_t block_rows, int64_t library);
 // x (M, K) float32 quantised per row, times qweight (N, K) int8 with scale (N,): linear_w8a8_cpu.cpp.
 // packed: the same weight in pack_w8a8_weight's layout (64-column blocks, 4 k per column), which
 // the packed kernels read instead of packing per call. activation_bits: 8 (x quantised to

@@ -28,6 +28,7 @@
 #include "common.h"
 #include "isa.h"
 #include "kernels.h"
+#include "library_gemm.h"
 #include "vec.h"
 #include "vec_exp.h"
 
@@ -35,16 +36,19 @@ namespace convs2s {
 
 namespace {
 
-// Over the vocabulary rows [v0, v1) of a (V, cols) block L: mx[j] = max(mx[j], L[v, j]) and
-// sm[j] += L[v, j] (with sumexp: se[j] += exp(L[v, j] - mx[j]) instead).
+// Over the vocabulary rows [v0, v1) of a (V, cols) block L, with bias[v] added to row v on the fly
+// (null: none): mx[j] = max(mx[j], L[v, j]) and sm[j] += L[v, j] (with sumexp: se[j] += exp(L[v, j] -
+// mx[j]) instead).
 template <typename V, bool kSumExp>
-CONVS2S_INLINE void column_pass(const float* L, int64_t v0, int64_t v1, int64_t cols, float* mx, float* sm) {
+CONVS2S_INLINE void column_pass(const float* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, float* mx,
+                                float* sm) {
   constexpr int W = Vec<V>::lanes;
   for (int64_t v = v0; v < v1; ++v) {
     const float* row = L + v * cols;
+    const float bv = bias ? bias[v] : 0.f;
     int64_t j = 0;
     for (; j + W <= cols; j += W) {
-      const V x = load_v<V>(row + j), m = load_v<V>(mx + j);
+      const V x = load_v<V>(row + j) + bv, m = load_v<V>(mx + j);
       V a = load_v<V>(sm + j);
       if constexpr (kSumExp) {
         a += exp_v<V>(x - m);
@@ -56,34 +60,37 @@ CONVS2S_INLINE void column_pass(const float* L, int64_t v0, int64_t v1, int64_t 
       std::memcpy(sm + j, &a, sizeof(a));
     }
     for (; j < cols; ++j) {
+      const float x = row[j] + bv;
       if constexpr (kSumExp) {
-        sm[j] += std::exp(row[j] - mx[j]);
+        sm[j] += std::exp(x - mx[j]);
       } else {
-        mx[j] = row[j] > mx[j] ? row[j] : mx[j];
-        sm[j] += row[j];
+        mx[j] = x > mx[j] ? x : mx[j];
+        sm[j] += x;
       }
     }
   }
 }
 
-// L[v, j] = (exp(L[v, j] - lse[j]) - eps_i) * keep[j] over rows [v0, v1), db[v] += the row's sum.
+// L[v, j] = (exp(L[v, j] + bias[v] - lse[j]) - eps_i) * keep[j] over rows [v0, v1) (null bias: none),
+// db[v] += the row's sum.
 template <typename V>
-CONVS2S_INLINE void gradient_rows(float* L, int64_t v0, int64_t v1, int64_t cols, const float* lse, const float* keep,
-                                  float eps_i, float* db) {
+CONVS2S_INLINE void gradient_rows(float* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, const float* lse,
+                                  const float* keep, float eps_i, float* db) {
   constexpr int W = Vec<V>::lanes;
   for (int64_t v = v0; v < v1; ++v) {
     float* row = L + v * cols;
+    const float bv = bias ? bias[v] : 0.f;
     V acc{};
     int64_t j = 0;
     for (; j + W <= cols; j += W) {
-      const V g = (exp_v<V>(load_v<V>(row + j) - load_v<V>(lse + j)) - eps_i) * load_v<V>(keep + j);
+      const V g = (exp_v<V>(load_v<V>(row + j) + bv - load_v<V>(lse + j)) - eps_i) * load_v<V>(keep + j);
       std::memcpy(row + j, &g, sizeof(g));
       acc += g;
     }
     float total = 0.f;
     for (int i = 0; i < W; ++i) total += acc[i];
     for (; j < cols; ++j) {
-      row[j] = (std::exp(row[j] - lse[j]) - eps_i) * keep[j];
+      row[j] = (std::exp(row[j] + bv - lse[j]) - eps_i) * keep[j];
       total += row[j];
     }
     db[v] += total;
@@ -91,15 +98,17 @@ CONVS2S_INLINE void gradient_rows(float* L, int64_t v0, int64_t v1, int64_t cols
 }
 
 #define CONVS2S_OUTPUT_LOSS_ISA(suffix, target, V)                                                                  \
-  target void max_sum_##suffix(const float* L, int64_t v0, int64_t v1, int64_t cols, float* mx, float* sm) {      \
-    column_pass<V, false>(L, v0, v1, cols, mx, sm);                                                                \
+  target void max_sum_##suffix(const float* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, float* mx, \
+                               float* sm) {                                                                        \
+    column_pass<V, false>(L, bias, v0, v1, cols, mx, sm);                                                          \
   }                                                                                                                \
-  target void sum_exp_##suffix(const float* L, int64_t v0, int64_t v1, int64_t cols, float* mx, float* se) {      \
-    column_pass<V, true>(L, v0, v1, cols, mx, se);                                                                 \
+  target void sum_exp_##suffix(const float* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, float* mx, \
+                               float* se) {                                                                        \
+    column_pass<V, true>(L, bias, v0, v1, cols, mx, se);                                                           \
   }                                                                                                                \
-  target void gradient_##suffix(float* L, int64_t v0, int64_t v1, int64_t cols, const float* lse, const float* keep, \
-                                float eps_i, float* db) {                                                          \
-    gradient_rows<V>(L, v0, v1, cols, lse, keep, eps_i, db);                                                       \
+  target void gradient_##suffix(float* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, const float* lse, \
+                                const float* keep, float eps_i, float* db) {                                       \
+    gradient_rows<V>(L, bias, v0, v1, cols, lse, keep, eps_i, db);                                                 \
   }
 
 #if defined(__x86_64__)
@@ -109,9 +118,9 @@ CONVS2S_OUTPUT_LOSS_ISA(avx2, __attribute__((target("avx2,fma"))), v8)
 CONVS2S_OUTPUT_LOSS_ISA(base, , v4)
 
 struct BlockKernels {
-  void (*max_sum)(const float*, int64_t, int64_t, int64_t, float*, float*);
-  void (*sum_exp)(const float*, int64_t, int64_t, int64_t, float*, float*);
-  void (*gradient)(float*, int64_t, int64_t, int64_t, const float*, const float*, float, float*);
+  void (*max_sum)(const float*, const float*, int64_t, int64_t, int64_t, float*, float*);
+  void (*sum_exp)(const float*, const float*, int64_t, int64_t, int64_t, float*, float*);
+  void (*gradient)(float*, const float*, int64_t, int64_t, int64_t, const float*, const float*, float, float*);
 };
 
 const BlockKernels& block_kernels() {
@@ -160,25 +169,27 @@ void column_stats(int64_t v, int64_t cols, float* mx, float* acc, bool combine_m
   }
 }
 
-// One block's loss terms and, with grads, its gradient in place and db's share (float32).
-void block_loss_f32(at::Tensor& logits, const at::Tensor& tb, int64_t ignore_index, double eps, double eps_i,
-                    at::Tensor& loss, at::Tensor& nll, float* db) {
+// One block's loss terms and, with grads, its gradient in place and db's share (float32). The
+// block holds W @ x^T; bias[v] (null: none) is added to its row v as each pass reads it, never
+// written: ATen's addmm would first copy the bias over the whole block.
+void block_loss_f32(at::Tensor& logits, const float* bias, const at::Tensor& tb, int64_t ignore_index, double eps,
+                    double eps_i, at::Tensor& loss, at::Tensor& nll, float* db) {
   const BlockKernels& k = block_kernels();
   const int64_t v = logits.size(0), cols = logits.size(1);
   float* L = logits.data_ptr<float>();
   const int64_t* t = tb.data_ptr<int64_t>();
   std::vector<float> mx(cols, -std::numeric_limits<float>::infinity()), sm(cols), se(cols), lse(cols), keep(cols);
   column_stats(v, cols, mx.data(), sm.data(), true,
-               [&](int64_t b, int64_t e, float* pm, float* pa) { k.max_sum(L, b, e, cols, pm, pa); });
+               [&](int64_t b, int64_t e, float* pm, float* pa) { k.max_sum(L, bias, b, e, cols, pm, pa); });
   column_stats(v, cols, mx.data(), se.data(), false,
-               [&](int64_t b, int64_t e, float* pm, float* pa) { k.sum_exp(L, b, e, cols, pm, pa); });
+               [&](int64_t b, int64_t e, float* pm, float* pa) { k.sum_exp(L, bias, b, e, cols, pm, pa); });
   double nll_sum = 0, loss_sum = 0;
   for (int64_t j = 0; j < cols; ++j) {
     lse[j] = mx[j] + std::log(se[j]);
     keep[j] = t[j] != ignore_index ? 1.f : 0.f;
     if (t[j] == ignore_index) continue;
     TORCH_CHECK(t[j] >= 0 && t[j] < v, "output_loss: target ", t[j], " outside the vocabulary of ", v);
-    const double row_nll = double(lse[j]) - double(L[t[j] * cols + j]);
+    const double row_nll = double(lse[j]) - double(L[t[j] * cols + j] + (bias ? bias[t[j]] : 0.f));
     nll_sum += row_nll;
     loss_sum += row_nll * (1.0 - eps - eps_i) + eps_i * (double(lse[j]) * double(v) - double(sm[j]));
   }
@@ -186,7 +197,7 @@ void block_loss_f32(at::Tensor& logits, const at::Tensor& tb, int64_t ignore_ind
   loss.add_(eps > 0 ? loss_sum : nll_sum);
   if (db == nullptr) return;
   at::parallel_for(0, v, 64, [&](int64_t b, int64_t e) {
-    k.gradient(L, b, e, cols, lse.data(), keep.data(), float(eps_i), db);
+    k.gradient(L, bias, b, e, cols, lse.data(), keep.data(), float(eps_i), db);
   });
   const float at_target = float(1.0 - eps - eps_i);
   for (int64_t j = 0; j < cols; ++j) {
@@ -200,10 +211,11 @@ void block_loss_f32(at::Tensor& logits, const at::Tensor& tb, int64_t ignore_ind
 
 std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tensor& weight,
                                             const c10::optional<at::Tensor>& bias, const at::Tensor& target, double eps,
-                                            int64_t ignore_index, bool grads, int64_t block_rows) {
+                                            int64_t ignore_index, bool grads, int64_t block_rows, int64_t library) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "output_loss: x (N, C), weight (V, C)");
   TORCH_CHECK(target.dim() == 1 && target.size(0) == x.size(0), "output_loss: target (N,)");
   TORCH_CHECK(block_rows > 0, "output_loss: block_rows > 0");
+  TORCH_CHECK(library == 0 || library == 1, "output_loss: library 0 (ATen) or 1 (oneDNN), got ", library);
   const at::Tensor xc = x.contiguous(), w = weight.contiguous(), t = target.to(at::kLong).contiguous();
   TORCH_CHECK(w.scalar_type() == xc.scalar_type(), "output_loss: x and weight of one dtype");
   const int64_t n = xc.size(0), v = w.size(0);
@@ -212,27 +224,37 @@ std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tenso
   const auto f64 = xc.options().dtype(at::kDouble), sums = bf16 ? xc.options().dtype(at::kFloat) : xc.options();
   at::Tensor loss = at::zeros({}, f64), nll = at::zeros({}, f64);
   at::Tensor dx, dw, db;
+  const bool f32 = xc.scalar_type() == at::kFloat;
+  // oneDNN's inner product for the logits (W @ x_block^T) and dw (gradient @ x_block): on AMD CPUs
+  // MKL's AVX2 code ran them slower (bench/results/amd-epyc-2c/README.md, output_loss's products)
+  const bool onednn = f32 && library == 1;
+  TORCH_CHECK(!onednn || onednn_gemm_available(), "output_loss: this torch build has no oneDNN inner product");
   if (grads) {
     dx = at::empty_like(xc);
-    dw = at::zeros(w.sizes(), sums);
+    // float32's first block writes dw outright (no zeroing pass, no zeros read by its product)
+    dw = f32 && n > 0 ? at::empty(w.sizes(), sums) : at::zeros(w.sizes(), sums);
     db = at::zeros({v}, sums);
   }
   const int64_t most = v * std::max<int64_t>(std::min(block_rows, n), 1);
-  at::Tensor buf = at::empty({most}, xc.options());
+  at::Tensor buf = onednn ? at::Tensor() : at::empty({most}, xc.options());  // oneDNN writes a block of its own
   at::Tensor wide = bf16 ? at::empty({most}, sums) : at::Tensor();  // a bf16 block's logits, then gradient, in float32
   at::Tensor b = bias.has_value() ? bias->contiguous().unsqueeze(1) : at::Tensor();
   for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
     const int64_t rows = std::min(n, r0 + block_rows) - r0;
     const at::Tensor xb = xc.narrow(0, r0, rows), tb = t.narrow(0, r0, rows);
-    at::Tensor logits = buf.narrow(0, 0, v * rows).view({v, rows});  // a column per row of x
-    if (b.defined())
-      at::addmm_out(logits, b, w, xb.t());
-    else
-      at::mm_out(logits, w, xb.t());
+    // a column per row of x; in float32 the bias joins in the fused passes
+    at::Tensor logits = onednn ? gemm_with(w, xb, c10::nullopt, /*w_is_nk=*/true, GemmLibrary::onednn)
+                               : buf.narrow(0, 0, v * rows).view({v, rows});
+    if (!onednn) {
+      if (f32 || !b.defined())
+        at::mm_out(logits, w, xb.t());
+      else
+        at::addmm_out(logits, b, w, xb.t());
+    }
     if (bf16) {  // the fused passes on the block widened to float32, the products in bf16
       at::Tensor lf = wide.narrow(0, 0, v * rows).view({v, rows});
       lf.copy_(logits);
-      block_loss_f32(lf, tb, ignore_index, eps, eps_i, loss, nll, grads ? db.data_ptr<float>() : nullptr);
+      block_loss_f32(lf, nullptr, tb, ignore_index, eps, eps_i, loss, nll, grads ? db.data_ptr<float>() : nullptr);
       if (!grads) continue;
       logits.copy_(lf);
       at::Tensor dxb = dx.narrow(0, r0, rows);
@@ -240,12 +262,23 @@ std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tenso
       dw.add_(at::mm(logits, xb));
       continue;
     }
-    if (xc.scalar_type() == at::kFloat) {  // the fused passes
-      block_loss_f32(logits, tb, ignore_index, eps, eps_i, loss, nll, grads ? db.data_ptr<float>() : nullptr);
+    if (f32) {  // the fused passes
+      block_loss_f32(logits, b.defined() ? b.data_ptr<float>() : nullptr, tb, ignore_index, eps, eps_i, loss, nll,
+                     grads ? db.data_ptr<float>() : nullptr);
       if (!grads) continue;
       at::Tensor dxb = dx.narrow(0, r0, rows);
       at::mm_out(dxb, logits.t(), w);
-      dw.addmm_(logits, xb);
+      if (onednn) {
+        at::Tensor part = gemm_with(logits, xb.t().contiguous(), c10::nullopt, /*w_is_nk=*/true, GemmLibrary::onednn);
+        if (r0 == 0)
+          dw = part;
+        else
+          dw.add_(part);
+      } else if (r0 == 0) {
+        at::mm_out(dw, logits, xb);
+      } else {
+        dw.addmm_(logits, xb);
+      }
       continue;
     }
     const at::Tensor lse = at::logsumexp(logits, {0});
@@ -269,7 +302,7 @@ std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tenso
     dw.addmm_(logits, xb);
     db.add_(logits.sum(1));
   }
-  if (!(eps > 0) && xc.scalar_type() != at::kFloat && !bf16) loss.copy_(nll);
+  if (!(eps > 0) && !f32 && !bf16) loss.copy_(nll);
   if (!grads) return {loss, nll};
   if (bf16) return {loss, nll, dx, dw.to(at::kBFloat16), db.to(at::kBFloat16)};
   return {loss, nll, dx, dw, db};

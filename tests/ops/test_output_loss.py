@@ -95,6 +95,67 @@ def test_cpp_float32_fused_passes_match_float64(n, c, v, eps, bias, strided, mon
     float32_against_float64(n, c, v, eps, bias, strided, seed=n + v)
 
 
+@pytest.mark.parametrize("library", ["aten", "onednn"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("n,c,v", [(37, 16, 23), (130, 31, 1001)])
+def test_cpp_float32_on_each_gemm_library_matches_float64(n, c, v, bias, library, monkeypatch):
+    """Both libraries the float32 products can run on (the measured choice picks one per machine):
+    the bias added in the fused passes, dw written by the first block and summed over the rest."""
+    assert library == "aten" or output_loss_cpp.onednn_usable(), "torch's oneDNN inner product is missing"
+    monkeypatch.setenv(output_loss_cpp.GEMM_ENV, library)
+    monkeypatch.setattr(output_loss_cpp, "BLOCK_ROWS", 16)  # several blocks and a ragged last one
+    assert output_loss_cpp.gemm_choice(v, c) == (library, 16)
+    with ck.count_dispatches() as counts:
+        float32_against_float64(n, c, v, 0.1, bias, True, seed=n + v)
+    label = "cpp" if library == "aten" else "cpp, onednn GEMM, 16-row blocks"
+    assert counts[("output_loss", label)] == 1, dict(counts)
+
+
+def test_gemm_choice_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path):
+    """auto: the candidates timed once (here a stand-in timing), the pick kept in the kernel-choice
+    cache and read back by a fresh process's lookup; with tuning off, ATen's; bad values refused."""
+    from convs2s_kernels.tune import policy
+
+    monkeypatch.delenv(output_loss_cpp.GEMM_ENV, raising=False)
+    monkeypatch.setenv("CONVS2S_TUNE_CACHE", str(tmp_path))
+    monkeypatch.setattr(output_loss_cpp, "_chosen", {})
+    monkeypatch.setattr(output_loss_cpp, "onednn_usable", lambda: True)
+    with policy.measuring(False):
+        assert output_loss_cpp.gemm_choice(77, 9) == ("aten", output_loss_cpp.BLOCK_ROWS)
+    calls = []
+
+    def fake_measure(v, c):
+        calls.append((v, c))
+        return {"aten:512": 1.0, "onednn:512": 0.95, "onednn:1024": 0.9}
+
+    monkeypatch.setattr(output_loss_cpp, "measure_candidates", fake_measure)
+    with policy.measuring(True):
+        assert output_loss_cpp.gemm_choice(91, 13) == ("onednn", 1024)
+        assert output_loss_cpp.gemm_choice(91, 13) == ("onednn", 1024)
+        monkeypatch.setattr(output_loss_cpp, "_chosen", {})  # a new process: the cache answers
+        assert output_loss_cpp.gemm_choice(91, 13) == ("onednn", 1024)
+    assert calls == [(91, 13)]
+    assert list(tmp_path.glob("output-loss-gemm-*.json"))
+    for bad in ("mkl", "1"):
+        monkeypatch.setenv(output_loss_cpp.GEMM_ENV, bad)
+        with pytest.raises(ValueError, match="CONVS2S_OUTPUT_LOSS_GEMM must be auto, aten or onednn"):
+            output_loss_cpp.gemm_choice(91, 13)
+
+
+def test_gemm_choice_keeps_aten_unless_another_is_clearly_faster():
+    pick = output_loss_cpp.pick_candidate
+    assert pick({"aten:512": 1.0, "onednn:512": 0.98, "onednn:1024": 0.99}) == ("aten", 512)  # within the margin
+    assert pick({"aten:512": 1.0, "onednn:512": 0.90, "onednn:1024": 0.93}) == ("onednn", 512)
+    assert pick({"aten:512": 0.8, "onednn:512": 0.90, "onednn:1024": 0.93}) == ("aten", 512)
+
+
+def test_gemm_candidates_time_the_real_op():
+    """The measurement runs every candidate on the extension and returns a positive time each."""
+    seconds = output_loss_cpp.measure_candidates(300, 16, rows=40, rounds=1)
+    assert set(seconds) == {f"{lib}:{block or output_loss_cpp.BLOCK_ROWS}" for lib, block in output_loss_cpp.CANDIDATES}
+    assert all(t > 0 for t in seconds.values())
+
+
 def test_cpp_float32_sums_hold_at_a_wmt_sized_vocabulary():
     """40,000 words: the column sums come in blocks, so the loss stays within float32's reach of float64's."""
     float32_against_float64(24, 16, 40000, 0.1, True, False, seed=5)
