@@ -88,6 +88,25 @@ void col2im(const scalar_t* dcols, const bool* pad, const ConvGeometry& g, scala
   });
 }
 
+// One row of the GLU derivative: dv = d * s, dg = d * value * s * (1 - s) with d = dout * scale and
+// s = sigmoid(gate) over c channels; dres = d unless null (the residual's gradient, same pass).
+template <typename scalar_t>
+inline void glu_backward_row(const scalar_t* g, const scalar_t* value, const scalar_t* gate,
+                             at::opmath_type<scalar_t> sc, int64_t c, scalar_t* dv, scalar_t* dg, scalar_t* dr) {
+  using acc_t = at::opmath_type<scalar_t>;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    glu_backward_span_f32(g, value, gate, sc, c, dv, dg, dr);  // vectorised, a polynomial exp
+  } else {
+    for (int64_t i = 0; i < c; ++i) {
+      const acc_t d = static_cast<acc_t>(g[i]) * sc;
+      const acc_t s = acc_t(1) / (acc_t(1) + std::exp(-static_cast<acc_t>(gate[i])));
+      dv[i] = static_cast<scalar_t>(d * s);
+      dg[i] = static_cast<scalar_t>(d * static_cast<acc_t>(value[i]) * s * (acc_t(1) - s));
+      if (dr) dr[i] = static_cast<scalar_t>(d);
+    }
+  }
+}
+
 // dpre = [d * s, d * value * s * (1 - s)] with d = dout * scale and s = sigmoid(gate); dres = d
 // where asked (the residual's gradient, written in the same pass).
 template <typename scalar_t>
@@ -98,24 +117,26 @@ void glu_backward(const scalar_t* dout, const scalar_t* pre, double scale, int64
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const scalar_t* value = pre + r * 2 * c;
-      const scalar_t* gate = value + c;
-      const scalar_t* g = dout + r * c;
       scalar_t* dv = dpre + r * 2 * c;
-      scalar_t* dg = dv + c;
-      scalar_t* dr = dres ? dres + r * c : nullptr;
-      if constexpr (std::is_same_v<scalar_t, float>) {
-        glu_backward_span_f32(g, value, gate, sc, c, dv, dg, dr);  // vectorised, a polynomial exp
-        continue;
-      }
-      for (int64_t i = 0; i < c; ++i) {
-        const acc_t d = static_cast<acc_t>(g[i]) * sc;
-        const acc_t s = acc_t(1) / (acc_t(1) + std::exp(-static_cast<acc_t>(gate[i])));
-        dv[i] = static_cast<scalar_t>(d * s);
-        dg[i] = static_cast<scalar_t>(d * static_cast<acc_t>(value[i]) * s * (acc_t(1) - s));
-        if (dr) dr[i] = static_cast<scalar_t>(d);
-      }
+      glu_backward_row<scalar_t>(dout + r * c, value, value + c, sc, c, dv, dv + c, dres ? dres + r * c : nullptr);
     }
   });
+}
+
+// One row of the GLU epilogue: out = (value * sigmoid(gate) + res) * scale over c channels (res may be null).
+template <typename scalar_t>
+inline void glu_row(const scalar_t* value, const scalar_t* gate, const scalar_t* res, at::opmath_type<scalar_t> sc,
+                    int64_t c, scalar_t* out) {
+  using acc_t = at::opmath_type<scalar_t>;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    glu_span_f32(value, gate, res, sc, c, out);
+  } else {
+    for (int64_t i = 0; i < c; ++i) {
+      acc_t v = static_cast<acc_t>(value[i]) / (acc_t(1) + std::exp(-static_cast<acc_t>(gate[i])));
+      if (res) v += static_cast<acc_t>(res[i]);
+      out[i] = static_cast<scalar_t>(v * sc);
+    }
+  }
 }
 
 // dst = (init or 0) + sum_j coef[j] * src[j] over n channels: lincomb_f32 for float32, the
@@ -183,11 +204,14 @@ void winograd_inputs(const scalar_t* x, const bool* pad, const ConvGeometry& g, 
   });
 }
 
-// pre[b*T + n*m + i] = sum_p AT[i][p] Mt[p, b*nt + n] + bias, for the steps inside [0, T).
+// pre[b*T + n*m + i] = sum_p AT[i][p] Mt[p, b*nt + n] + bias, for the steps inside [0, T), and
+// each step's GLU epilogue out = (value * sigmoid(gate) + residual) * scale while its row is in cache.
 template <int M, typename scalar_t>
-void winograd_outputs(const scalar_t* Mt, const scalar_t* bias, const ConvGeometry& g, int64_t nt, scalar_t* pre) {
+void winograd_outputs(const scalar_t* Mt, const scalar_t* bias, const scalar_t* res, double scale,
+                      const ConvGeometry& g, int64_t nt, scalar_t* pre, scalar_t* out) {
   using W = Winograd<M>;
-  const int64_t tiles = g.B * nt, N = 2 * g.c_out;
+  const int64_t tiles = g.B * nt, C = g.c_out, N = 2 * C;
+  const auto sc = static_cast<at::opmath_type<scalar_t>>(scale);
   at::parallel_for(0, tiles, 8, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / nt, t0 = (r % nt) * M;
@@ -200,33 +224,60 @@ void winograd_outputs(const scalar_t* Mt, const scalar_t* bias, const ConvGeomet
           coef[terms] = static_cast<scalar_t>(W::AT[i][p]);
           src[terms++] = Mt + (p * tiles + r) * N;
         }
-        combine<scalar_t>(terms, coef, src, bias, N, pre + (b * g.T + t0 + i) * N);
+        const int64_t row = b * g.T + t0 + i;
+        scalar_t* pr = pre + row * N;
+        combine<scalar_t>(terms, coef, src, bias, N, pr);
+        glu_row<scalar_t>(pr, pr + C, res ? res + row * C : nullptr, sc, C, out + row * C);
       }
     }
   });
 }
 
-// dMt[p, b*nt + n] = sum_i AT[i][p] dpre[b*T + n*m + i] (the steps inside [0, T)): the outputs' transpose.
+// dMt[p, b*nt + n] = sum_i AT[i][p] dpre[b*T + n*m + i] (the steps inside [0, T): the outputs'
+// transpose), each tile's dpre rows made from dout and pre by the GLU's derivative in a buffer of
+// the tile's own (dpre never goes to memory), with dres (where asked) and the bias gradient's sum
+// (per thread, then over the threads in order).
 template <int M, typename scalar_t>
-void winograd_output_grads(const scalar_t* dpre, const ConvGeometry& g, int64_t nt, scalar_t* dMt) {
+void winograd_glu_output_grads(const scalar_t* dout, const scalar_t* pre, double scale, const ConvGeometry& g,
+                               int64_t nt, scalar_t* dMt, scalar_t* dres, scalar_t* dbias) {
   using W = Winograd<M>;
-  const int64_t tiles = g.B * nt, N = 2 * g.c_out;
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t tiles = g.B * nt, C = g.c_out, N = 2 * C;
+  const acc_t sc = static_cast<acc_t>(scale);
+  const int threads = at::get_num_threads();
+  std::vector<acc_t> partial(static_cast<size_t>(threads) * N, acc_t(0));
   at::parallel_for(0, tiles, 8, [&](int64_t begin, int64_t end) {
+    acc_t* part = partial.data() + static_cast<int64_t>(at::get_thread_num()) * N;
+    std::vector<scalar_t> local(M * N);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / nt, t0 = (r % nt) * M;
+      const int steps = static_cast<int>(std::min<int64_t>(M, g.T - t0));
+      for (int i = 0; i < steps; ++i) {
+        const int64_t row = b * g.T + t0 + i;
+        const scalar_t* value = pre + row * N;
+        scalar_t* dv = local.data() + i * N;
+        glu_backward_row<scalar_t>(dout + row * C, value, value + C, sc, C, dv, dv + C,
+                                   dres ? dres + row * C : nullptr);
+        for (int64_t n = 0; n < N; ++n) part[n] += static_cast<acc_t>(dv[n]);
+      }
       for (int p = 0; p < W::alpha; ++p) {
         scalar_t coef[M];
         const scalar_t* src[M];
         int terms = 0;
-        for (int i = 0; i < M && t0 + i < g.T; ++i) {
+        for (int i = 0; i < steps; ++i) {
           if (W::AT[i][p] == 0) continue;
           coef[terms] = static_cast<scalar_t>(W::AT[i][p]);
-          src[terms++] = dpre + (b * g.T + t0 + i) * N;
+          src[terms++] = local.data() + i * N;
         }
         combine<scalar_t>(terms, coef, src, nullptr, N, dMt + (p * tiles + r) * N);
       }
     }
   });
+  for (int64_t n = 0; n < N; ++n) {
+    acc_t total = 0;
+    for (int t = 0; t < threads; ++t) total += partial[static_cast<size_t>(t) * N + n];
+    dbias[n] = static_cast<scalar_t>(total);
+  }
 }
 
 // dx[b, s] = sum over the tiles n and points q with n*m + q - left = s of sum_p BT[p][q] dV[p, b*nt + n]:
@@ -313,37 +364,48 @@ at::Tensor winograd_u(const at::Tensor& weight) {
   return U;
 }
 
+// (pre, out): the convolution's GLU input (bias included, kept for backward) and the layer's output.
 template <int M>
-at::Tensor winograd_forward(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                            const bool* pad, const ConvGeometry& g) {
+std::vector<at::Tensor> winograd_forward(const at::Tensor& x, const at::Tensor& weight,
+                                         const c10::optional<at::Tensor>& bias,
+                                         const c10::optional<at::Tensor>& residual, double scale, const bool* pad,
+                                         const ConvGeometry& g) {
   using W = Winograd<M>;
   const int64_t nt = (g.T + M - 1) / M, tiles = g.B * nt;
   at::Tensor V = new_output({W::alpha, tiles, g.c_in}, x.options());
   const at::Tensor U = winograd_u<M>(weight);
   at::Tensor pre = new_output({g.B * g.T, 2 * g.c_out}, x.options());
+  at::Tensor out = new_output({g.B, g.T, g.c_out}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv_glu_winograd_inputs", [&] {
     winograd_inputs<M, scalar_t>(x.data_ptr<scalar_t>(), pad, g, nt, V.data_ptr<scalar_t>());
   });
   const at::Tensor Mt = at::bmm(V, U);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv_glu_winograd_outputs", [&] {
     winograd_outputs<M, scalar_t>(Mt.data_ptr<scalar_t>(), bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr,
-                                  g, nt, pre.data_ptr<scalar_t>());
+                                  residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr, scale, g, nt,
+                                  pre.data_ptr<scalar_t>(), out.data_ptr<scalar_t>());
   });
-  return pre;
+  return {pre, out};
 }
 
-// (dx, dweight) from dpre, the gradient of the GLU's input.
+// (dx, dweight, dbias, dres or undefined) from dout: the GLU's derivative fused into the outputs' transpose.
 template <int M>
-std::pair<at::Tensor, at::Tensor> winograd_backward(const at::Tensor& dpre, const at::Tensor& x,
-                                                    const at::Tensor& weight, const bool* pad, const ConvGeometry& g) {
+std::vector<at::Tensor> winograd_backward(const at::Tensor& dout, const at::Tensor& pre, double scale,
+                                          bool need_residual_grad, const at::Tensor& x, const at::Tensor& weight,
+                                          const bool* pad, const ConvGeometry& g) {
   using W = Winograd<M>;
   const int64_t nt = (g.T + M - 1) / M, tiles = g.B * nt;
   const at::Tensor U = winograd_u<M>(weight);
   at::Tensor V = new_output({W::alpha, tiles, g.c_in}, x.options());
   at::Tensor dMt = new_output({W::alpha, tiles, 2 * g.c_out}, x.options());
+  at::Tensor dres = need_residual_grad ? new_output(dout.sizes(), dout.options()) : at::Tensor();
+  at::Tensor dbias = new_output({2 * g.c_out}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv_glu_winograd_grads", [&] {
     winograd_inputs<M, scalar_t>(x.data_ptr<scalar_t>(), pad, g, nt, V.data_ptr<scalar_t>());  // recomputed
-    winograd_output_grads<M, scalar_t>(dpre.data_ptr<scalar_t>(), g, nt, dMt.data_ptr<scalar_t>());
+    winograd_glu_output_grads<M, scalar_t>(dout.data_ptr<scalar_t>(), pre.data_ptr<scalar_t>(), scale, g, nt,
+                                           dMt.data_ptr<scalar_t>(),
+                                           need_residual_grad ? dres.data_ptr<scalar_t>() : nullptr,
+                                           dbias.data_ptr<scalar_t>());
   });
   const at::Tensor dU = at::bmm(V.transpose(1, 2), dMt);
   at::Tensor dweight = new_output(weight.sizes(), weight.options());
@@ -356,7 +418,7 @@ std::pair<at::Tensor, at::Tensor> winograd_backward(const at::Tensor& dpre, cons
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv_glu_winograd_input_grads", [&] {
     winograd_input_grads<M, scalar_t>(dV.data_ptr<scalar_t>(), pad, g, nt, dx.data_ptr<scalar_t>());
   });
-  return {dx, dweight};
+  return {dx, dweight, dbias, dres};
 }
 
 void check_winograd(int64_t winograd, const at::Tensor& x, const at::Tensor& weight) {
@@ -397,13 +459,9 @@ std::vector<at::Tensor> conv_glu_forward(const at::Tensor& x, const at::Tensor& 
   const int64_t rows = g.B * g.T;
   const bool* pad = pad_mask.has_value() ? pad_mask->data_ptr<bool>() : nullptr;
   if (winograd != 0) {
-    at::Tensor pre = winograd == 2 ? winograd_forward<2>(x, weight, bias, pad, g) : winograd_forward<4>(x, weight, bias, pad, g);
-    at::Tensor out = new_output({g.B, g.T, g.c_out}, x.options());
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv_glu_epilogue", [&] {
-      glu_epilogue<scalar_t>(pre.data_ptr<scalar_t>(), residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr,
-                             scale, rows, g.c_out, out.data_ptr<scalar_t>());
-    });
-    return {out, pre};
+    auto pre_out = winograd == 2 ? winograd_forward<2>(x, weight, bias, residual, scale, pad, g)
+                                 : winograd_forward<4>(x, weight, bias, residual, scale, pad, g);
+    return {pre_out[1], pre_out[0]};
   }
   at::Tensor cols = new_output({rows, g.k * g.c_in}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "conv_glu_im2col", [&] {
@@ -432,20 +490,18 @@ std::vector<at::Tensor> conv_glu_backward(const at::Tensor& dout, const at::Tens
   const ConvGeometry g = geometry(x, weight, causal);
   const int64_t rows = g.B * g.T;
   TORCH_CHECK(dout.is_contiguous() && pre.is_contiguous(), "dout and pre must be contiguous");
+  const bool* pad = pad_mask.has_value() ? pad_mask->data_ptr<bool>() : nullptr;
+  if (winograd != 0)
+    return winograd == 2 ? winograd_backward<2>(dout, pre, scale, need_residual_grad, x, weight, pad, g)
+                         : winograd_backward<4>(dout, pre, scale, need_residual_grad, x, weight, pad, g);
   at::Tensor dpre = new_output({rows, 2 * g.c_out}, x.options());
   at::Tensor dres = need_residual_grad ? new_output(dout.sizes(), dout.options()) : at::Tensor();
-  const bool* pad = pad_mask.has_value() ? pad_mask->data_ptr<bool>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "conv_glu_backward_glu", [&] {
     glu_backward<scalar_t>(dout.data_ptr<scalar_t>(), pre.data_ptr<scalar_t>(), scale, rows, g.c_out,
                            dpre.data_ptr<scalar_t>(), need_residual_grad ? dres.data_ptr<scalar_t>() : nullptr);
   });
   // bias gradient summed in float32 for reduced-precision inputs
   at::Tensor dbias = dpre.sum(0, /*keepdim=*/false, at::toOpMathType(x.scalar_type())).to(x.scalar_type());
-  if (winograd != 0) {
-    auto [dx, dweight] = winograd == 2 ? winograd_backward<2>(dpre, x, weight, pad, g)
-                                       : winograd_backward<4>(dpre, x, weight, pad, g);
-    return {dx, dweight, dbias, dres};
-  }
   at::Tensor cols = new_output({rows, g.k * g.c_in}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "conv_glu_im2col", [&] {
     im2col<scalar_t>(x.data_ptr<scalar_t>(), pad, g, cols.data_ptr<scalar_t>());  // recomputed, not saved

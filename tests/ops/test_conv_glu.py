@@ -204,6 +204,28 @@ def test_cpp_conv_glu_winograd_matches_reference(tile, dtype, causal, monkeypatc
         assert bmm_calls(prof) == 0, "without gradients the convolution keeps im2col"
 
 
+@pytest.mark.parametrize("tile", [2, 4])
+def test_cpp_conv_glu_winograd_without_residual_or_bias(tile, monkeypatch):
+    """The decoder's attention layers: no residual (no residual gradient made), and no bias."""
+    from convs2s_kernels.ops.conv_glu import cpp as conv_cpp
+
+    require_or_skip("cpp")
+    monkeypatch.setattr(conv_cpp, "WINOGRAD_MIN_ROWS", 0)
+    monkeypatch.setenv("CONVS2S_CONV_WINOGRAD", str(tile))
+    for B, T, c_in, c_out in WINOGRAD_CASES[:4]:
+        x, w, b, _ = conv_inputs(B, T, c_in, c_out, 3, torch.float64, requires_grad=True)
+        for bias in (b, None):
+            leaves = (x, w) + ((b,) if bias is not None else ())
+            out = ck.conv_glu(x, w, bias, causal=True, backend="cpp")
+            dout = torch.randn_like(out)
+            grads = torch.autograd.grad(out, leaves, dout)
+            ref = [t.detach().clone().requires_grad_() for t in leaves]
+            want = ck.conv_glu_ref(ref[0], ref[1], ref[2] if bias is not None else None, causal=True)
+            assert_close("conv_glu", out, want)
+            assert_grads_close(grads, torch.autograd.grad(want, ref, dout), ["x", "weight", "bias"][:len(leaves)],
+                               torch.float64)
+
+
 def test_cpp_conv_glu_winograd_gradcheck_and_choice(monkeypatch):
     from convs2s_kernels.ops.conv_glu import cpp as conv_cpp
 
