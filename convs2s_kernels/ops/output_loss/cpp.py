@@ -64,7 +64,7 @@ def _cached_entries(path, key) -> dict:
         return {}
 
 
-def measure_candidates(v: int, c: int, rows: int = 1024, rounds: int = 3) -> Dict[str, float]:
+def measure_candidates(v: int, c: int, rows: int = 1024, rounds: int = 5) -> Dict[str, float]:
     """Median seconds of the float32 op with gradients (its three products and passes) at ``rows``
     rows of a (v, c) output layer, per candidate, interleaved (each warmed up once first)."""
     g = torch.Generator().manual_seed(0)
