@@ -7,13 +7,18 @@ operands, as GFLOP/s and as a fraction of the fp32 GEMM peak measured in the sam
                                          [--top 15] [--json OUT]
 
 A shape slow alone is the GEMM's (MKL at that shape); slow only inside the update, its operands'
-(cold caches, layouts). Products are ``mm``, ``addmm``, ``addmm_`` and ``bmm``.
+(cold caches, layouts). Products are ``mm``, ``addmm``, ``addmm_``, ``bmm`` and oneDNN's
+``mkldnn::_linear_pointwise``. The script re-executes itself under tcmalloc (as ``convs2s train``
+runs): under glibc's malloc every large buffer is a fresh mapping whose first writer takes the
+page faults, which the profile then charges to that op.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import statistics
 import tempfile
 import time
@@ -23,7 +28,8 @@ import torch
 
 from convs2s_bench.roofline import gemm_peak_gflops
 
-PRODUCTS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm")  # (baddbmm can run as addmm_ calls: counted twice)
+# (baddbmm can run as addmm_ calls: counted twice); oneDNN's inner product: X @ W^T
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "mkldnn::_linear_pointwise")
 
 
 def product_flops(name: str, shapes) -> float:
@@ -33,6 +39,9 @@ def product_flops(name: str, shapes) -> float:
         return 2.0 * m * k * n
     if name in ("aten::addmm", "aten::addmm_"):
         (m, k), (_, n) = shapes[1], shapes[2]
+        return 2.0 * m * k * n
+    if name == "mkldnn::_linear_pointwise":
+        (m, k), (n, _) = shapes[0], shapes[1]
         return 2.0 * m * k * n
     (b, m, k), (_, _, n) = shapes[0], shapes[1]  # bmm
     return 2.0 * b * m * k * n
@@ -46,6 +55,7 @@ def alone_seconds(name: str, shapes, repeats: int = 20) -> float:
         "aten::addmm": lambda: torch.addmm(ts[0], ts[1], ts[2]),
         "aten::addmm_": lambda: ts[0].addmm_(ts[1], ts[2]),
         "aten::bmm": lambda: torch.bmm(ts[0], ts[1]),
+        "mkldnn::_linear_pointwise": lambda: torch.ops.mkldnn._linear_pointwise(ts[0], ts[1], None, "none", [], ""),
     }[name]
     for _ in range(3):
         fn()
@@ -57,8 +67,21 @@ def alone_seconds(name: str, shapes, repeats: int = 20) -> float:
     return statistics.median(times)
 
 
+def allocator() -> str:
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    return next((k for k in ("tcmalloc", "jemalloc") if k in maps), "glibc malloc")
+
+
 def main(argv=None) -> int:
+    from convs2s.allocator import find_library
     from convs2s.train import Trainer, TrainConfig
+
+    lib = find_library()
+    if argv is None and lib and allocator() == "glibc malloc" and not os.environ.get("TRAIN_PRODUCTS_REEXEC"):
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv],
+                  dict(os.environ, LD_PRELOAD=lib, TRAIN_PRODUCTS_REEXEC="1"))
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("data")
@@ -104,20 +127,20 @@ def main(argv=None) -> int:
     out.sort(key=lambda r: -r["seconds"])
     total_s = sum(r["seconds"] for r in out)
     total_f = sum(r["gflop"] for r in out)
-    print(f"{args.updates} updates in {wall:.2f} s (profiled); products {total_s:.2f} s, {total_f:.1f} GFLOP, "
+    print(f"{allocator()}; {args.updates} updates in {wall:.2f} s (profiled); products {total_s:.2f} s, {total_f:.1f} GFLOP, "
           f"{total_f / total_s:.0f} GFLOP/s = {total_f / total_s / peak:.0%} of the {peak:.0f} GFLOP/s GEMM peak")
     print(f"{'op':14} {'shapes':44} {'calls':>5} {'s':>6} {'GFLOP':>6} {'GF/s':>5} {'alone':>5} {'peak':>5}")
     for r in out:
         if r["seconds"] < 0.005 * total_s:
             continue
-        print(f"{r['op'][6:]:14} {str(r['shapes'][:3]):44.44} {r['calls']:5d} {r['seconds']:6.3f} {r['gflop']:6.2f} "
+        print(f"{r['op'].split('::')[-1][:14]:14} {str(r['shapes'][:3]):44.44} {r['calls']:5d} {r['seconds']:6.3f} {r['gflop']:6.2f} "
               f"{r['gflops_s']:5.0f} {r['alone_gflops_s']:5.0f} {r['gflops_s'] / peak:5.0%}")
     print(f"outside the products ({sum(o[0] for o in others):.2f} s of self time), the largest:")
     for seconds, calls, key in others[:args.top]:
         print(f"  {key:48.48} {calls:6d} calls {seconds:6.3f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(args=vars(args), wall_s=wall, gemm_peak_gflops=peak, products=out,
+            json.dump(dict(args=vars(args), allocator=allocator(), wall_s=wall, gemm_peak_gflops=peak, products=out,
                            others=[dict(op=k, calls=c, seconds=s) for s, c, k in others]), f, indent=1)
     return 0
 
