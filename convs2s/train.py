@@ -362,7 +362,8 @@ class Trainer:
         grads = [p.grad for p in params]
         present = [g for g in grads if g is not None]
         scale = 1.0 / max(ntokens, 1)
-        gnorm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(present)))) * scale if present else 0.0
+        backend = "reference" if self.cfg.backend == "reference" else None
+        gnorm = float(ck.grad_norm(present, backend=backend)) * scale
         if not math.isfinite(gnorm):
             raise TrainingDiverged(f"the gradient norm became {gnorm} at update {self.progress.num_updates + 1}")
         if self.cfg.clip_norm > 0 and self.cfg.clip_norm / (gnorm + 1e-6) < 1.0:

@@ -29,7 +29,7 @@ from .ops import (BeamCandidates, StepAttention, StepLayer, attention_embsum, at
                   attention_step_ref, beam_candidates,
                   beam_candidates_ref, beam_update, beam_update_ref, FinishedHypotheses, conv_glu, conv_glu_ref,
                   conv_step, conv_step_ref, decoder_step, decoder_step_ref, linear, linear_int8, linear_int8_ref,
-                  linear_ref, linear_w8a8, linear_w8a8_ref, output_loss, output_loss_ref, dropout, dropout_ref, nag_step, nag_step_ref, pack_conv_step_weight, pack_linear_weight,
+                  linear_ref, linear_w8a8, linear_w8a8_ref, output_loss, output_loss_ref, dropout, dropout_ref, nag_step, nag_step_ref, grad_norm, grad_norm_ref, pack_conv_step_weight, pack_linear_weight,
                   pack_w8a8_weight, quantize_int8, quantize_rows_int8)
 from . import reference
 from .buckets import warmup
@@ -40,7 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "conv_glu", "attention_embsum", "attention_step", "conv_step", "linear", "linear_int8", "linear_w8a8", "decoder_step",
-    "beam_candidates", "beam_update", "output_loss", "output_loss_ref", "dropout", "dropout_ref", "nag_step", "nag_step_ref",
+    "beam_candidates", "beam_update", "output_loss", "output_loss_ref", "dropout", "dropout_ref", "nag_step", "nag_step_ref", "grad_norm", "grad_norm_ref",
     "conv_glu_ref", "attention_embsum_ref", "attention_step_ref", "conv_step_ref", "linear_ref", "linear_int8_ref", "linear_w8a8_ref",
     "decoder_step_ref", "beam_candidates_ref", "beam_update_ref",
     "quantize_int8", "quantize_rows_int8", "pack_w8a8_weight", "pack_conv_step_weight", "pack_linear_weight",

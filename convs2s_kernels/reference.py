@@ -7,7 +7,7 @@ convolution weights use fairseq's ConvTBC layout ``(k, C_in, 2C)``.
 """
 
 from .ops import (attention_embsum_ref, attention_step_ref, beam_candidates_ref, beam_update_ref, conv_glu_ref, conv_padding, conv_step_ref, decoder_step_ref,
-                  linear_int8_ref, linear_ref, linear_w8a8_ref, output_loss_ref, dropout_ref, quantize_int8, quantize_rows_int8, search_rules_ref,
+                  linear_int8_ref, linear_ref, linear_w8a8_ref, output_loss_ref, dropout_ref, grad_norm_ref, quantize_int8, quantize_rows_int8, search_rules_ref,
                   source_key_mask)
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "linear_w8a8_ref",
     "output_loss_ref",
     "dropout_ref",
+    "grad_norm_ref",
     "decoder_step_ref",
     "beam_candidates_ref",
     "search_rules_ref",

@@ -52,6 +52,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "one NAG update in place: g = grad * grad_scale + weight_decay * p; buf = momentum * buf + g; "
         "p -= lr * (g + momentum * buf)", py::arg("params"), py::arg("grads"), py::arg("bufs"), py::arg("lr"),
         py::arg("momentum"), py::arg("weight_decay"), py::arg("grad_scale"));
+  m.def("grad_norm", &convs2s::grad_norm, "the L2 norm over every element of the tensors, one pass (float64)",
+        py::arg("tensors"));
   m.def("output_loss_forward", &convs2s::output_loss_forward,
         "output projection + label-smoothed cross-entropy, block by block; returns (loss, nll[, dx, dweight, dbias])",
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("target"), py::arg("eps"), py::arg("ignore_index"),

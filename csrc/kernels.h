@@ -69,6 +69,9 @@ at::Tensor dropout_apply(const at::Tensor& x, double p, int64_t seed);
 // nag_step_cpu.cpp.
 void nag_step(const std::vector<at::Tensor>& params, const std::vector<c10::optional<at::Tensor>>& grads,
               const std::vector<at::Tensor>& bufs, double lr, double momentum, double weight_decay, double grad_scale);
+// The L2 norm over every element of the tensors (contiguous, one floating dtype), as a float64
+// scalar tensor, in one parallel pass: grad_norm_cpu.cpp.
+at::Tensor grad_norm(const std::vector<at::Tensor>& tensors);
 // The output projection x (N, C) @ weight (V, C)^T + bias and the label-smoothed cross-entropy
 // summed over rows whose target is not ignore_index, block_rows rows at a time: output_loss_cpu.cpp.
 // Returns (loss, nll) as float64 scalars, then (dx, dweight, dbias) for a gradient of 1 if grads.

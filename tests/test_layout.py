@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 OUTSIDE_KERNELS = ["convs2s", "bench", "tests", "examples", "scripts"]
 PACKAGES = ["convs2s", "convs2s_kernels", "bench/convs2s_bench"]
 OPS = ["conv_glu", "attention_embsum", "attention_step", "conv_step", "linear", "linear_int8", "linear_w8a8",
-       "decoder_step", "beam_candidates", "beam_update", "output_loss", "dropout", "nag_step"]
+       "decoder_step", "beam_candidates", "beam_update", "output_loss", "dropout", "nag_step", "grad_norm"]
 # ops without a C++ kernel: on the CPU their reference runs, or a fused op holds their work
 # (attention_step: the one-call decoder_step folds the attention in C++)
 NO_CPP = {"attention_step"}

@@ -293,6 +293,7 @@ def test_validation_times_no_kernels(copy_data, tmp_path, monkeypatch):
     """Validation runs the model's own forward, which asks for no kernel choice (only the decoding
     engine does): measuring one there would stall training on every rank at once, whatever
     CONVS2S_TUNE says."""
+    import convs2s.engine  # noqa: F401  (a subpackage: imported here, not by whichever test ran before)
     from convs2s_kernels import tune, tune_cache
     from convs2s_kernels.tune import policy
     from harness import require_or_skip
