@@ -19,6 +19,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/mm.h>
+#include <ATen/record_function.h>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -179,6 +180,7 @@ struct Winograd<4> {
 // V[p, b*nt + n, c] = sum_q BT[p][q] x[b, n*m + q - left, c], zero outside [0, T) and on padded steps.
 template <int M, typename scalar_t>
 void winograd_inputs(const scalar_t* x, const bool* pad, const ConvGeometry& g, int64_t nt, scalar_t* V) {
+  RECORD_FUNCTION("convs2s::winograd_inputs", std::vector<c10::IValue>());
   using W = Winograd<M>;
   const int64_t tiles = g.B * nt, C = g.c_in;
   at::parallel_for(0, tiles, 8, [&](int64_t begin, int64_t end) {
@@ -209,6 +211,7 @@ void winograd_inputs(const scalar_t* x, const bool* pad, const ConvGeometry& g, 
 template <int M, typename scalar_t>
 void winograd_outputs(const scalar_t* Mt, const scalar_t* bias, const scalar_t* res, double scale,
                       const ConvGeometry& g, int64_t nt, scalar_t* pre, scalar_t* out) {
+  RECORD_FUNCTION("convs2s::winograd_outputs", std::vector<c10::IValue>());
   using W = Winograd<M>;
   const int64_t tiles = g.B * nt, C = g.c_out, N = 2 * C;
   const auto sc = static_cast<at::opmath_type<scalar_t>>(scale);
@@ -240,6 +243,7 @@ void winograd_outputs(const scalar_t* Mt, const scalar_t* bias, const scalar_t* 
 template <int M, typename scalar_t>
 void winograd_glu_output_grads(const scalar_t* dout, const scalar_t* pre, double scale, const ConvGeometry& g,
                                int64_t nt, scalar_t* dMt, scalar_t* dres, scalar_t* dbias) {
+  RECORD_FUNCTION("convs2s::winograd_glu_output_grads", std::vector<c10::IValue>());
   using W = Winograd<M>;
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t tiles = g.B * nt, C = g.c_out, N = 2 * C;
@@ -284,6 +288,7 @@ void winograd_glu_output_grads(const scalar_t* dout, const scalar_t* pre, double
 // the inputs' transpose, a gather per step (no atomics); zero on padded steps.
 template <int M, typename scalar_t>
 void winograd_input_grads(const scalar_t* dV, const bool* pad, const ConvGeometry& g, int64_t nt, scalar_t* dx) {
+  RECORD_FUNCTION("convs2s::winograd_input_grads", std::vector<c10::IValue>());
   using W = Winograd<M>;
   static_assert(W::alpha * W::alpha <= kLincombMaxTerms, "lincomb's terms");
   const int64_t tiles = g.B * nt, C = g.c_in;
@@ -342,12 +347,14 @@ void weight_rows_lincomb(const scalar_t* src, int64_t n, scalar_t* dst, const Co
 
 template <int M, typename scalar_t>
 void winograd_weights(const scalar_t* w, int64_t n, scalar_t* U) {
+  RECORD_FUNCTION("convs2s::winograd_weights", std::vector<c10::IValue>());
   using W = Winograd<M>;
   weight_rows_lincomb<W::alpha, 3>(w, n, U, [](int p, int j) { return W::G[p][j]; });
 }
 
 template <int M, typename scalar_t>
 void winograd_weight_grads(const scalar_t* dU, int64_t n, scalar_t* dw) {
+  RECORD_FUNCTION("convs2s::winograd_weight_grads", std::vector<c10::IValue>());
   using W = Winograd<M>;
   weight_rows_lincomb<3, W::alpha>(dU, n, dw, [](int j, int p) { return W::G[p][j]; });
 }

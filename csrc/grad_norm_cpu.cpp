@@ -5,6 +5,7 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <ATen/ops/scalar_tensor.h>
 
 #include <algorithm>
@@ -70,6 +71,7 @@ double sum_squares(const double* x, int64_t n) {
 }  // namespace
 
 at::Tensor grad_norm(const std::vector<at::Tensor>& tensors) {
+  RECORD_FUNCTION("convs2s::grad_norm", std::vector<c10::IValue>());
   TORCH_CHECK(!tensors.empty(), "grad_norm: no tensors");
   const auto dtype = tensors[0].scalar_type();
   std::vector<int64_t> starts{0};
