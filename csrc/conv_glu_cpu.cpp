@@ -97,6 +97,17 @@ inline void glu_backward_row(const scalar_t* g, const scalar_t* value, const sca
   using acc_t = at::opmath_type<scalar_t>;
   if constexpr (std::is_same_v<scalar_t, float>) {
     glu_backward_span_f32(g, value, gate, sc, c, dv, dg, dr);  // vectorised, a polynomial exp
+  } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {  // widened, the float32 span, rounded back
+    float* buf = bf16_scratch(6 * c);
+    float *gf = buf, *vf = buf + c, *tf = buf + 2 * c, *dvf = buf + 3 * c, *dgf = buf + 4 * c;
+    float* drf = dr ? buf + 5 * c : nullptr;
+    bf16_to_f32(g, c, gf);
+    bf16_to_f32(value, c, vf);
+    bf16_to_f32(gate, c, tf);
+    glu_backward_span_f32(gf, vf, tf, sc, c, dvf, dgf, drf);
+    f32_to_bf16(dvf, c, dv);
+    f32_to_bf16(dgf, c, dg);
+    if (dr) f32_to_bf16(drf, c, dr);
   } else {
     for (int64_t i = 0; i < c; ++i) {
       const acc_t d = static_cast<acc_t>(g[i]) * sc;

@@ -68,6 +68,62 @@ CONVS2S_INLINE void dropout_span(const float* src, float* dst, int64_t begin, in
   }
 }
 
+// The bfloat16 loop: the same hash and mask, each element widened to float32, scaled and rounded
+// back (vec.h: to nearest even, as the scalar c10::BFloat16 conversions do).
+template <typename V>
+CONVS2S_INLINE void dropout_span_bf16(const uint16_t* src, uint16_t* dst, int64_t begin, int64_t end, uint32_t mix,
+                                      uint32_t threshold, float scale) {
+  using U = typename Vec<V>::u32;
+  using H = typename Vec<V>::u16;
+  constexpr int L = Vec<V>::lanes;
+  U lane;
+  for (int i = 0; i < L; ++i) lane[i] = uint32_t(i);
+  int64_t i = begin;
+  for (; i + L <= end; i += L) {
+    U h = (lane + static_cast<uint32_t>(i)) * 0x9E3779B1u + mix;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    const U keep = (U)(h >= threshold);
+    const H out = __builtin_convertvector(round_bf16_bits_v<V>(widen_bf16_v<V>(src + i) * scale) & keep, H);
+    std::memcpy(dst + i, &out, sizeof(out));
+  }
+  for (; i < end; ++i) {
+    const uint32_t h = fmix32(static_cast<uint32_t>(i) * 0x9E3779B1u + mix);
+    c10::BFloat16 v;
+    v.x = src[i];
+    const c10::BFloat16 out = h >= threshold ? c10::BFloat16(float(v) * scale) : c10::BFloat16(0.f);
+    dst[i] = out.x;
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) void dropout_bf16_avx512(const uint16_t* src, uint16_t* dst, int64_t begin,
+                                                             int64_t end, uint32_t mix, uint32_t threshold, float scale) {
+  dropout_span_bf16<v16>(src, dst, begin, end, mix, threshold, scale);
+}
+__attribute__((target("avx2,fma"))) void dropout_bf16_avx2(const uint16_t* src, uint16_t* dst, int64_t begin,
+                                                           int64_t end, uint32_t mix, uint32_t threshold, float scale) {
+  dropout_span_bf16<v8>(src, dst, begin, end, mix, threshold, scale);
+}
+#endif
+void dropout_bf16_base(const uint16_t* src, uint16_t* dst, int64_t begin, int64_t end, uint32_t mix, uint32_t threshold,
+                       float scale) {
+  dropout_span_bf16<v4>(src, dst, begin, end, mix, threshold, scale);
+}
+
+void dropout_bf16(const uint16_t* src, uint16_t* dst, int64_t begin, int64_t end, uint32_t mix, uint32_t threshold,
+                  float scale) {
+  static const Isa isa = kernel_isa();
+#if defined(__x86_64__)
+  if (isa == Isa::avx512) return dropout_bf16_avx512(src, dst, begin, end, mix, threshold, scale);
+  if (isa == Isa::avx2) return dropout_bf16_avx2(src, dst, begin, end, mix, threshold, scale);
+#endif
+  dropout_bf16_base(src, dst, begin, end, mix, threshold, scale);
+}
+
 #if defined(__x86_64__)
 __attribute__((target("avx512f"))) void dropout_avx512(const float* src, float* dst, int64_t begin, int64_t end,
                                                         uint32_t mix, uint32_t threshold, float scale) {
@@ -114,6 +170,11 @@ at::Tensor dropout_apply(const at::Tensor& x, double p, int64_t seed) {
       if constexpr (std::is_same_v<scalar_t, float>) {
         dropout_f32(reinterpret_cast<const float*>(src), reinterpret_cast<float*>(dst), begin, end, mix,
                     static_cast<uint32_t>(threshold), float(scale));  // float32 only: the branch is dead otherwise
+        return;
+      }
+      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {  // bf16 autocast's activations
+        dropout_bf16(reinterpret_cast<const uint16_t*>(src), reinterpret_cast<uint16_t*>(dst), begin, end, mix,
+                     static_cast<uint32_t>(threshold), float(scale));
         return;
       }
       for (int64_t i = begin; i < end; ++i) {

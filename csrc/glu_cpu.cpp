@@ -127,7 +127,70 @@ void glu_span_base(const float* value, const float* gate, const float* res, floa
   glu_span<v4>(value, gate, res, scale, n, dst);
 }
 
+// bfloat16 <-> float32 over n elements (vec.h's conversions, then the tail one by one).
+template <typename V>
+CONVS2S_INLINE void widen_bf16(const uint16_t* src, int64_t n, float* dst) {
+  constexpr int L = Vec<V>::lanes;
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const V x = widen_bf16_v<V>(src + i);
+    std::memcpy(dst + i, &x, sizeof(x));
+  }
+  for (; i < n; ++i) {
+    const uint32_t w = uint32_t(src[i]) << 16;
+    std::memcpy(dst + i, &w, sizeof(w));
+  }
+}
+
+template <typename V>
+CONVS2S_INLINE void narrow_bf16(const float* src, int64_t n, uint16_t* dst) {
+  constexpr int L = Vec<V>::lanes;
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const auto h = __builtin_convertvector(round_bf16_bits_v<V>(load_v<V>(src + i)), typename Vec<V>::u16);
+    std::memcpy(dst + i, &h, sizeof(h));
+  }
+  for (; i < n; ++i) dst[i] = c10::BFloat16(src[i]).x;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) void widen_bf16_avx512(const uint16_t* src, int64_t n, float* dst) {
+  widen_bf16<v16>(src, n, dst);
+}
+__attribute__((target("avx2,fma"))) void widen_bf16_avx2(const uint16_t* src, int64_t n, float* dst) {
+  widen_bf16<v8>(src, n, dst);
+}
+__attribute__((target("avx512f"))) void narrow_bf16_avx512(const float* src, int64_t n, uint16_t* dst) {
+  narrow_bf16<v16>(src, n, dst);
+}
+__attribute__((target("avx2,fma"))) void narrow_bf16_avx2(const float* src, int64_t n, uint16_t* dst) {
+  narrow_bf16<v8>(src, n, dst);
+}
+#endif
+void widen_bf16_base(const uint16_t* src, int64_t n, float* dst) { widen_bf16<v4>(src, n, dst); }
+void narrow_bf16_base(const float* src, int64_t n, uint16_t* dst) { narrow_bf16<v4>(src, n, dst); }
+
 }  // namespace
+
+void bf16_to_f32(const c10::BFloat16* src, int64_t n, float* dst) {
+  static const Isa isa = kernel_isa();
+  const auto* s = reinterpret_cast<const uint16_t*>(src);
+#if defined(__x86_64__)
+  if (isa == Isa::avx512) return widen_bf16_avx512(s, n, dst);
+  if (isa == Isa::avx2) return widen_bf16_avx2(s, n, dst);
+#endif
+  widen_bf16_base(s, n, dst);
+}
+
+void f32_to_bf16(const float* src, int64_t n, c10::BFloat16* dst) {
+  static const Isa isa = kernel_isa();
+  auto* d = reinterpret_cast<uint16_t*>(dst);
+#if defined(__x86_64__)
+  if (isa == Isa::avx512) return narrow_bf16_avx512(src, n, d);
+  if (isa == Isa::avx2) return narrow_bf16_avx2(src, n, d);
+#endif
+  narrow_bf16_base(src, n, d);
+}
 
 void glu_span_f32(const float* value, const float* gate, const float* res, float scale, int64_t n, float* dst) {
   static const Isa isa = kernel_isa();

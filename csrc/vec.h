@@ -32,4 +32,26 @@ CONVS2S_INLINE V load_v(const float* p) {
   return v;
 }
 
+// bfloat16 bits widened to float32 lanes (exact: a shift).
+template <typename V>
+CONVS2S_INLINE V widen_bf16_v(const uint16_t* p) {
+  typename Vec<V>::u16 h;
+  std::memcpy(&h, p, sizeof(h));
+  const typename Vec<V>::u32 w = __builtin_convertvector(h, typename Vec<V>::u32) << 16;
+  V x;
+  std::memcpy(&x, &w, sizeof(x));
+  return x;
+}
+
+// float32 lanes rounded to bfloat16 bits, to nearest even, a NaN to the quiet NaN: c10::BFloat16's
+// conversion on a whole vector.
+template <typename V>
+CONVS2S_INLINE typename Vec<V>::u32 round_bf16_bits_v(V x) {
+  using U = typename Vec<V>::u32;
+  U bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const U nan = (U)(x != x);
+  return (((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16) & ~nan) | (0x7FC0u & nan);
+}
+
 }  // namespace convs2s

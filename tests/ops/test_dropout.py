@@ -30,6 +30,27 @@ def test_cpp_equals_reference_forward_and_backward(shape, dtype, p):
                                else 1e-12, atol=0)
 
 
+def test_cpp_bfloat16_vectors_round_as_the_reference():
+    """bf16 (autocast's activations) on the vectorised path, over two threads' shares and ragged
+    tails: magnitudes from subnormal to near overflow round to nearest even as the reference's
+    bf16 arithmetic does, bit for bit; a kept NaN stays NaN, a kept infinity infinite."""
+    g = torch.Generator().manual_seed(3)
+    n = 70001
+    x = (torch.randn(n, generator=g, dtype=torch.float64) * torch.logspace(-40, 37, n, dtype=torch.float64)
+         ).to(torch.bfloat16)
+    runnable("cpp", "dropout", x)
+    p, seed = 0.3, 99
+    keep = keep_mask(n, p, seed)
+    kept = keep.nonzero().flatten()
+    x[kept[5]], x[kept[6]] = float("nan"), float("-inf")
+    got = ck.dropout(x, p, seed=seed, backend="cpp")
+    want = ck.dropout(x, p, seed=seed, backend="reference")
+    finite_kept = keep & torch.isfinite(x)
+    assert torch.equal(got[finite_kept].view(torch.int16), want[finite_kept].view(torch.int16)), "bit for bit"
+    assert torch.isnan(got[kept[5]]) and got[kept[6]] == float("-inf")
+    assert torch.all(got[~keep] == 0)
+
+
 def test_strided_input_is_masked_in_its_logical_order():
     base = torch.randn(40, 30)
     x = base.t()  # not contiguous
