@@ -302,6 +302,18 @@ edges = torch.tensor([-1e30, -200., -88.5, 87.5, 88.5, 200., 1e30, math.inf, -ma
 out = sigmoid_cpp(edges)
 assert out[:3].eq(0).all() and out[3:7].eq(1).all(), out
 assert out[7:].isnan().all(), "an inf gate times the zero weights is NaN, and NaN stays NaN"
+# bf16 rows (autocast's): widened, the same float32 span, rounded back to nearest even; within a
+# bf16 rounding of float64's sigmoid, and the backward's derivative likewise
+gb = torch.linspace(-30, 30, 100_003).bfloat16()
+xb = torch.stack([torch.ones_like(gb), gb], -1).view(1, -1, 2).requires_grad_()
+wb = torch.zeros(1, 2, 2, dtype=torch.bfloat16); wb[0, 0, 0] = 1; wb[0, 1, 1] = 1
+outb = ck.conv_glu(xb, wb, torch.zeros(2, dtype=torch.bfloat16), causal=True, backend="cpp").view(-1)
+sig = torch.sigmoid(gb.double())
+assert outb.dtype == torch.bfloat16 and ((outb.double() - sig).abs() <= 2 ** -8 * sig + 1e-40).all()
+(dx,) = torch.autograd.grad(outb.sum(), xb)
+s32 = torch.sigmoid(gb.float())
+dgate = (s32 * (1 - s32)).double()  # d out / d gate with value 1, as float32 forms it (1 - s cancels near 1)
+assert ((dx[0, :, 1].double() - dgate).abs() <= 2 ** -8 * dgate + 1e-6).all()
 """
 
 

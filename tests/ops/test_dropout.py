@@ -2,6 +2,10 @@
 every dtype, odd sizes, strided inputs), the gradient (the same mask, remade from the seed), the
 kept fraction, the seed's role (``torch.manual_seed`` repeats the masks) and the identity cases."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -49,6 +53,28 @@ def test_cpp_bfloat16_vectors_round_as_the_reference():
     assert torch.equal(got[finite_kept].view(torch.int16), want[finite_kept].view(torch.int16)), "bit for bit"
     assert torch.isnan(got[kept[5]]) and got[kept[6]] == float("-inf")
     assert torch.all(got[~keep] == 0)
+
+
+_ISA_CODE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import test_dropout as t
+t.test_cpp_bfloat16_vectors_round_as_the_reference()
+for dtype in (torch.float32, torch.bfloat16):
+    t.test_cpp_equals_reference_forward_and_backward((37, 129), dtype, 0.3)
+"""
+
+
+@pytest.mark.parametrize("cap", ["avx2", "baseline"])
+def test_cpp_at_lower_instruction_sets(cap):
+    """The same bits with the kernels capped to a lower instruction set (their other compiled copies)."""
+    from harness import require_or_skip
+    require_or_skip("cpp")
+    env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", _ISA_CODE, here], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_strided_input_is_masked_in_its_logical_order():
