@@ -10,8 +10,9 @@
 // its gradient are three passes of the kernels below (vectorised per instruction set: a max and
 // sum, a sum of exponentials, the gradient with the bias gradient's row sums) instead of ATen's
 // ten-odd passes of logsumexp, sums, exp and the in-place arithmetic. In bfloat16 (bf16 autocast)
-// the three products run in bf16 as autocast's F.linear would, the block's logits are widened to
-// float32 for the same fused passes, and dw and db are summed over the blocks in float32.
+// the three products run in bf16 as autocast's F.linear would; the same fused passes read the bf16
+// block as float32 lanes (the bias added in float32), write its gradient back in bf16, rounded once,
+// and dw and db are summed over the blocks in float32.
 
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/arange.h>
@@ -23,7 +24,11 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
+#include <c10/util/BFloat16.h>
+
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "common.h"
 #include "isa.h"
@@ -36,19 +41,37 @@ namespace convs2s {
 
 namespace {
 
+// A block's elements as float32 lanes: float32 blocks as they are, bfloat16 ones (bf16 autocast's
+// logits, as uint16_t bits) widened on the fly, so no float32 copy of the block is made.
+template <typename V>
+CONVS2S_INLINE V load_block(const float* p) {
+  return load_v<V>(p);
+}
+template <typename V>
+CONVS2S_INLINE V load_block(const uint16_t* p) {
+  return widen_bf16_v<V>(p);
+}
+CONVS2S_INLINE float element(const float* p) { return *p; }
+CONVS2S_INLINE float element(const uint16_t* p) {
+  const uint32_t w = uint32_t(*p) << 16;
+  float f;
+  std::memcpy(&f, &w, sizeof(f));
+  return f;
+}
+
 // Over the vocabulary rows [v0, v1) of a (V, cols) block L, with bias[v] added to row v on the fly
 // (null: none): mx[j] = max(mx[j], L[v, j]) and sm[j] += L[v, j] (with sumexp: se[j] += exp(L[v, j] -
 // mx[j]) instead).
-template <typename V, bool kSumExp>
-CONVS2S_INLINE void column_pass(const float* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, float* mx,
+template <typename V, bool kSumExp, typename T>
+CONVS2S_INLINE void column_pass(const T* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, float* mx,
                                 float* sm) {
   constexpr int W = Vec<V>::lanes;
   for (int64_t v = v0; v < v1; ++v) {
-    const float* row = L + v * cols;
+    const T* row = L + v * cols;
     const float bv = bias ? bias[v] : 0.f;
     int64_t j = 0;
     for (; j + W <= cols; j += W) {
-      const V x = load_v<V>(row + j) + bv, m = load_v<V>(mx + j);
+      const V x = load_block<V>(row + j) + bv, m = load_v<V>(mx + j);
       V a = load_v<V>(sm + j);
       if constexpr (kSumExp) {
         a += exp_v<V>(x - m);
@@ -60,7 +83,7 @@ CONVS2S_INLINE void column_pass(const float* L, const float* bias, int64_t v0, i
       std::memcpy(sm + j, &a, sizeof(a));
     }
     for (; j < cols; ++j) {
-      const float x = row[j] + bv;
+      const float x = element(row + j) + bv;
       if constexpr (kSumExp) {
         sm[j] += std::exp(x - mx[j]);
       } else {
@@ -71,45 +94,68 @@ CONVS2S_INLINE void column_pass(const float* L, const float* bias, int64_t v0, i
   }
 }
 
-// L[v, j] = (exp(L[v, j] + bias[v] - lse[j]) - eps_i) * keep[j] over rows [v0, v1) (null bias: none),
-// db[v] += the row's sum.
-template <typename V>
-CONVS2S_INLINE void gradient_rows(float* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, const float* lse,
-                                  const float* keep, float eps_i, float* db) {
+CONVS2S_INLINE void store_block(float* p, float g) { *p = g; }
+CONVS2S_INLINE void store_block(uint16_t* p, float g) { *p = c10::BFloat16(g).x; }
+
+// L[v, j] = (exp(L[v, j] + bias[v] - lse[j]) - eps_i) * keep[j] - (1 - eps - eps_i) where tgt[j] = v, over
+// rows [v0, v1) (null bias: none; tgt -1 on ignored columns); db[v] += the row's sum. A bf16 block
+// gets each gradient rounded once, after its target's term.
+template <typename V, typename T>
+CONVS2S_INLINE void gradient_rows(T* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, const float* lse,
+                                  const float* keep, const int32_t* tgt, float eps_i, float at_target, float* db) {
+  using I = typename Vec<V>::i32;
   constexpr int W = Vec<V>::lanes;
+  int32_t at_bits;
+  std::memcpy(&at_bits, &at_target, sizeof(at_bits));
   for (int64_t v = v0; v < v1; ++v) {
-    float* row = L + v * cols;
+    T* row = L + v * cols;
     const float bv = bias ? bias[v] : 0.f;
     V acc{};
     int64_t j = 0;
     for (; j + W <= cols; j += W) {
-      const V g = (exp_v<V>(load_v<V>(row + j) + bv - load_v<V>(lse + j)) - eps_i) * load_v<V>(keep + j);
-      std::memcpy(row + j, &g, sizeof(g));
+      V g = (exp_v<V>(load_block<V>(row + j) + bv - load_v<V>(lse + j)) - eps_i) * load_v<V>(keep + j);
+      I t;
+      std::memcpy(&t, tgt + j, sizeof(t));
+      const I sub = (t == static_cast<int32_t>(v)) & at_bits;
+      V s;
+      std::memcpy(&s, &sub, sizeof(s));
+      g -= s;
+      if constexpr (std::is_same_v<T, float>) {
+        std::memcpy(row + j, &g, sizeof(g));
+      } else {
+        const auto h = __builtin_convertvector(round_bf16_bits_v<V>(g), typename Vec<V>::u16);
+        std::memcpy(row + j, &h, sizeof(h));
+      }
       acc += g;
     }
     float total = 0.f;
     for (int i = 0; i < W; ++i) total += acc[i];
     for (; j < cols; ++j) {
-      row[j] = (std::exp(row[j] + bv - lse[j]) - eps_i) * keep[j];
-      total += row[j];
+      float g = (std::exp(element(row + j) + bv - lse[j]) - eps_i) * keep[j];
+      if (tgt[j] == v) g -= at_target;
+      store_block(row + j, g);
+      total += g;
     }
     db[v] += total;
   }
 }
 
-#define CONVS2S_OUTPUT_LOSS_ISA(suffix, target, V)                                                                  \
-  target void max_sum_##suffix(const float* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, float* mx, \
+#define CONVS2S_OUTPUT_LOSS_ISA_T(suffix, target, V, T)                                                              \
+  target void max_sum_##suffix(const T* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, float* mx,     \
                                float* sm) {                                                                        \
     column_pass<V, false>(L, bias, v0, v1, cols, mx, sm);                                                          \
   }                                                                                                                \
-  target void sum_exp_##suffix(const float* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, float* mx, \
+  target void sum_exp_##suffix(const T* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, float* mx,     \
                                float* se) {                                                                        \
     column_pass<V, true>(L, bias, v0, v1, cols, mx, se);                                                           \
   }                                                                                                                \
-  target void gradient_##suffix(float* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, const float* lse, \
-                                const float* keep, float eps_i, float* db) {                                       \
-    gradient_rows<V>(L, bias, v0, v1, cols, lse, keep, eps_i, db);                                                 \
+  target void gradient_##suffix(T* L, const float* bias, int64_t v0, int64_t v1, int64_t cols, const float* lse,   \
+                                const float* keep, const int32_t* tgt, float eps_i, float at_target, float* db) {  \
+    gradient_rows<V>(L, bias, v0, v1, cols, lse, keep, tgt, eps_i, at_target, db);                                 \
   }
+#define CONVS2S_OUTPUT_LOSS_ISA(suffix, target, V)          \
+  CONVS2S_OUTPUT_LOSS_ISA_T(suffix, target, V, float)       \
+  CONVS2S_OUTPUT_LOSS_ISA_T(bf16_##suffix, target, V, uint16_t)
 
 #if defined(__x86_64__)
 CONVS2S_OUTPUT_LOSS_ISA(avx512, __attribute__((target("avx512f"))), v16)
@@ -117,19 +163,38 @@ CONVS2S_OUTPUT_LOSS_ISA(avx2, __attribute__((target("avx2,fma"))), v8)
 #endif
 CONVS2S_OUTPUT_LOSS_ISA(base, , v4)
 
+template <typename T>
 struct BlockKernels {
-  void (*max_sum)(const float*, const float*, int64_t, int64_t, int64_t, float*, float*);
-  void (*sum_exp)(const float*, const float*, int64_t, int64_t, int64_t, float*, float*);
-  void (*gradient)(float*, const float*, int64_t, int64_t, int64_t, const float*, const float*, float, float*);
+  void (*max_sum)(const T*, const float*, int64_t, int64_t, int64_t, float*, float*);
+  void (*sum_exp)(const T*, const float*, int64_t, int64_t, int64_t, float*, float*);
+  void (*gradient)(T*, const float*, int64_t, int64_t, int64_t, const float*, const float*, const int32_t*, float, float,
+                   float*);
 };
 
-const BlockKernels& block_kernels() {
-  static const BlockKernels k = [] {
+template <typename T>
+const BlockKernels<T>& block_kernels();
+
+template <>
+const BlockKernels<float>& block_kernels<float>() {
+  static const BlockKernels<float> k = [] {
 #if defined(__x86_64__)
-    if (kernel_isa() == Isa::avx512) return BlockKernels{max_sum_avx512, sum_exp_avx512, gradient_avx512};
-    if (kernel_isa() == Isa::avx2) return BlockKernels{max_sum_avx2, sum_exp_avx2, gradient_avx2};
+    if (kernel_isa() == Isa::avx512) return BlockKernels<float>{max_sum_avx512, sum_exp_avx512, gradient_avx512};
+    if (kernel_isa() == Isa::avx2) return BlockKernels<float>{max_sum_avx2, sum_exp_avx2, gradient_avx2};
 #endif
-    return BlockKernels{max_sum_base, sum_exp_base, gradient_base};
+    return BlockKernels<float>{max_sum_base, sum_exp_base, gradient_base};
+  }();
+  return k;
+}
+
+template <>
+const BlockKernels<uint16_t>& block_kernels<uint16_t>() {
+  static const BlockKernels<uint16_t> k = [] {
+#if defined(__x86_64__)
+    if (kernel_isa() == Isa::avx512)
+      return BlockKernels<uint16_t>{max_sum_bf16_avx512, sum_exp_bf16_avx512, gradient_bf16_avx512};
+    if (kernel_isa() == Isa::avx2) return BlockKernels<uint16_t>{max_sum_bf16_avx2, sum_exp_bf16_avx2, gradient_bf16_avx2};
+#endif
+    return BlockKernels<uint16_t>{max_sum_bf16_base, sum_exp_bf16_base, gradient_bf16_base};
   }();
   return k;
 }
@@ -169,16 +234,16 @@ void column_stats(int64_t v, int64_t cols, float* mx, float* acc, bool combine_m
   }
 }
 
-// One block's loss terms and, with grads, its gradient in place and db's share (float32). The
-// block holds W @ x^T; bias[v] (null: none) is added to its row v as each pass reads it, never
-// written: ATen's addmm would first copy the bias over the whole block.
-void block_loss_f32(at::Tensor& logits, const float* bias, const at::Tensor& tb, int64_t ignore_index, double eps,
-                    double eps_i, at::Tensor& loss, at::Tensor& nll, float* db) {
-  const BlockKernels& k = block_kernels();
-  const int64_t v = logits.size(0), cols = logits.size(1);
-  float* L = logits.data_ptr<float>();
+// One block's loss terms and, with grads, its gradient in place and db's share (float32 sums; the
+// block float32 or bf16 bits). The block holds W @ x^T; bias[v] (null: none) is added to its row v as
+// each pass reads it, never written: ATen's addmm would first copy the bias over the whole block.
+template <typename T>
+void block_loss(T* L, int64_t v, int64_t cols, const float* bias, const at::Tensor& tb, int64_t ignore_index,
+                double eps, double eps_i, at::Tensor& loss, at::Tensor& nll, float* db) {
+  const BlockKernels<T>& k = block_kernels<T>();
   const int64_t* t = tb.data_ptr<int64_t>();
   std::vector<float> mx(cols, -std::numeric_limits<float>::infinity()), sm(cols), se(cols), lse(cols), keep(cols);
+  std::vector<int32_t> tgt(cols);
   column_stats(v, cols, mx.data(), sm.data(), true,
                [&](int64_t b, int64_t e, float* pm, float* pa) { k.max_sum(L, bias, b, e, cols, pm, pa); });
   column_stats(v, cols, mx.data(), se.data(), false,
@@ -187,24 +252,20 @@ void block_loss_f32(at::Tensor& logits, const float* bias, const at::Tensor& tb,
   for (int64_t j = 0; j < cols; ++j) {
     lse[j] = mx[j] + std::log(se[j]);
     keep[j] = t[j] != ignore_index ? 1.f : 0.f;
+    tgt[j] = t[j] != ignore_index ? static_cast<int32_t>(t[j]) : -1;
     if (t[j] == ignore_index) continue;
     TORCH_CHECK(t[j] >= 0 && t[j] < v, "output_loss: target ", t[j], " outside the vocabulary of ", v);
-    const double row_nll = double(lse[j]) - double(L[t[j] * cols + j] + (bias ? bias[t[j]] : 0.f));
+    const double row_nll = double(lse[j]) - double(element(L + t[j] * cols + j) + (bias ? bias[t[j]] : 0.f));
     nll_sum += row_nll;
     loss_sum += row_nll * (1.0 - eps - eps_i) + eps_i * (double(lse[j]) * double(v) - double(sm[j]));
   }
   nll.add_(nll_sum);
   loss.add_(eps > 0 ? loss_sum : nll_sum);
   if (db == nullptr) return;
-  at::parallel_for(0, v, 64, [&](int64_t b, int64_t e) {
-    k.gradient(L, bias, b, e, cols, lse.data(), keep.data(), float(eps_i), db);
-  });
   const float at_target = float(1.0 - eps - eps_i);
-  for (int64_t j = 0; j < cols; ++j) {
-    if (t[j] == ignore_index) continue;
-    L[t[j] * cols + j] -= at_target;
-    db[t[j]] -= at_target;
-  }
+  at::parallel_for(0, v, 64, [&](int64_t b, int64_t e) {
+    k.gradient(L, bias, b, e, cols, lse.data(), keep.data(), tgt.data(), float(eps_i), at_target, db);
+  });
 }
 
 }  // namespace
@@ -237,8 +298,9 @@ std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tenso
   }
   const int64_t most = v * std::max<int64_t>(std::min(block_rows, n), 1);
   at::Tensor buf = onednn ? at::Tensor() : at::empty({most}, xc.options());  // oneDNN writes a block of its own
-  at::Tensor wide = bf16 ? at::empty({most}, sums) : at::Tensor();  // a bf16 block's logits, then gradient, in float32
   at::Tensor b = bias.has_value() ? bias->contiguous().unsqueeze(1) : at::Tensor();
+  // bf16: the bias joins the passes in float32, added to each rounded product as it is read
+  const at::Tensor bias_f32 = bf16 && b.defined() ? b.to(at::kFloat).contiguous() : at::Tensor();
   for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
     const int64_t rows = std::min(n, r0 + block_rows) - r0;
     const at::Tensor xb = xc.narrow(0, r0, rows), tb = t.narrow(0, r0, rows);
@@ -246,25 +308,24 @@ std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tenso
     at::Tensor logits = onednn ? gemm_with(w, xb, c10::nullopt, /*w_is_nk=*/true, GemmLibrary::onednn)
                                : buf.narrow(0, 0, v * rows).view({v, rows});
     if (!onednn) {
-      if (f32 || !b.defined())
+      if (f32 || bf16 || !b.defined())
         at::mm_out(logits, w, xb.t());
       else
         at::addmm_out(logits, b, w, xb.t());
     }
-    if (bf16) {  // the fused passes on the block widened to float32, the products in bf16
-      at::Tensor lf = wide.narrow(0, 0, v * rows).view({v, rows});
-      lf.copy_(logits);
-      block_loss_f32(lf, nullptr, tb, ignore_index, eps, eps_i, loss, nll, grads ? db.data_ptr<float>() : nullptr);
+    if (bf16) {  // the fused passes read the bf16 block as float32 lanes, the bias added, the gradient written in bf16
+      block_loss(reinterpret_cast<uint16_t*>(logits.data_ptr<at::BFloat16>()), v, rows,
+                 bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, tb, ignore_index, eps, eps_i, loss, nll,
+                 grads ? db.data_ptr<float>() : nullptr);
       if (!grads) continue;
-      logits.copy_(lf);
       at::Tensor dxb = dx.narrow(0, r0, rows);
       at::mm_out(dxb, logits.t(), w);
       dw.add_(at::mm(logits, xb));
       continue;
     }
     if (f32) {  // the fused passes
-      block_loss_f32(logits, b.defined() ? b.data_ptr<float>() : nullptr, tb, ignore_index, eps, eps_i, loss, nll,
-                     grads ? db.data_ptr<float>() : nullptr);
+      block_loss(logits.data_ptr<float>(), v, rows, b.defined() ? b.data_ptr<float>() : nullptr, tb, ignore_index, eps,
+                 eps_i, loss, nll, grads ? db.data_ptr<float>() : nullptr);
       if (!grads) continue;
       at::Tensor dxb = dx.narrow(0, r0, rows);
       at::mm_out(dxb, logits.t(), w);

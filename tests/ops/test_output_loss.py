@@ -211,12 +211,13 @@ cpp.BLOCK_ROWS = 16
 for n, c, v in [(37, 16, 23), (130, 31, 1001)]:
     for eps in (0.0, 0.1):
         t.float32_against_float64(n, c, v, eps, True, True, seed=n)
+    t.test_cpp_bfloat16_matches_the_float64_reference_on_its_inputs(n, c, v)  # the bf16 block's kernels
 """
 
 
 @pytest.mark.parametrize("cap", ["avx2", "baseline"])
 def test_cpp_float32_fused_passes_at_lower_instruction_sets(cap):
-    """The same check with the kernels capped to a lower instruction set (their other compiled copy)."""
+    """The same checks with the kernels capped to a lower instruction set (their other compiled copies)."""
     from harness import require_or_skip
     require_or_skip("cpp")
     env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)

@@ -4,8 +4,9 @@ floats, a few MB: in L3), then multiplied into the input's and the weight's grad
 ``(N, V)`` logits never exist, nor their log-softmax or its gradient (each N x V x 4 bytes, 45 MB
 at 2,000 tokens and 5.5K words, written and read several times by the plain composition). The
 loss being the end of the graph, the gradients are made with it and scaled by the incoming
-gradient in backward. Every product is ATen's GEMM. In bfloat16 (bf16 autocast) the products run
-in bf16, as autocast's ``F.linear`` would, and the block's passes in float32; the loss is float32.
+gradient in backward. In bfloat16 (bf16 autocast) the products run in bf16 on ATen's GEMM, as
+autocast's ``F.linear`` would, and the block's passes read it as float32 lanes (the bias added in
+float32) and write its gradient back in bf16; the loss is float32.
 
 In float32 with gradients, the logits' and the weight gradient's products run on ATen's GEMM (MKL)
 or on oneDNN's inner product, in 512- or 1,024-row blocks: whichever was measured fastest for the
