@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import os
 import statistics
 import time
@@ -97,19 +96,9 @@ def _cache_path():
     return tune_cache.cache_path(key, kind=CACHE_PREFIX), key
 
 
-def _entries(path, key) -> Dict[str, dict]:
-    """The file's entries, or none when it is missing, unreadable or of another key."""
-    try:
-        data = json.loads(path.read_text())
-        ok = isinstance(data, dict) and data.get("key") == key and isinstance(data.get("entries"), dict)
-        return data["entries"] if ok else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def load_cached(entry: str) -> Optional[dict]:
     """The cached measurement named ``entry`` for this machine, or None (missing, or malformed)."""
-    e = _entries(*_cache_path()).get(entry)
+    e = tune_cache.entries_at(*_cache_path()).get(entry)
     well_formed = isinstance(e, dict) and isinstance(e.get("choice"), str) and isinstance(e.get("seconds"), dict) \
         and isinstance(e.get("why"), str)
     return e if well_formed else None
@@ -119,7 +108,7 @@ def save_cached(entry: str, value: dict) -> None:
     """Merge one entry into this machine's file, atomically and under a lock (two processes keep both)."""
     path, key = _cache_path()
     try:
-        tune_cache.save_merged(path, key, {entry: value}, lambda: _entries(path, key))
+        tune_cache.save_merged(path, key, {entry: value}, lambda: tune_cache.entries_at(path, key))
     except OSError as exc:  # a read-only or full cache: the answer still holds for this process
         warnings.warn(f"could not save the compute-type choice to {path} ({exc}); it will be measured again next time")
 

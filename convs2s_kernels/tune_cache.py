@@ -66,6 +66,17 @@ def cache_path(key: Optional[Dict[str, object]] = None, kind: str = "kernel-choi
     return cache_dir() / f"{kind}-{digest}.json"
 
 
+def entries_at(path: Path, key: Dict[str, object]) -> Dict[str, dict]:
+    """The entries of a choice file (``{key, entries}``), or none when it is missing, unreadable or
+    of another key: the silent reader of the files kept beside the kernel choice's."""
+    try:
+        data = json.loads(path.read_text())
+        ok = isinstance(data, dict) and data.get("key") == key and isinstance(data.get("entries"), dict)
+        return data["entries"] if ok else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def load(key: Optional[Dict[str, object]] = None, quiet: bool = False) -> Dict[str, dict]:
     """The cached entries for this machine (shape name -> entry), empty when there are none or
     the file cannot be trusted (a warning says why, unless ``quiet``)."""

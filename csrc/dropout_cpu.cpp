@@ -37,10 +37,40 @@ inline uint32_t fmix32(uint32_t h) {
   return h;
 }
 
-// The float32 loop on whole vectors: the hash in 32-bit lanes (vpmulld at AVX2), the mask a compare.
+// An element type's lanes as float32 and back: float32 as it is; bfloat16 (its bits) widened, and
+// rounded back to nearest even (vec.h, as the scalar c10::BFloat16 conversions do).
 template <typename V>
-CONVS2S_INLINE void dropout_span(const float* src, float* dst, int64_t begin, int64_t end, uint32_t mix,
-                                 uint32_t threshold, float scale) {
+CONVS2S_INLINE V load_lanes(const float* p) {
+  return load_v<V>(p);
+}
+template <typename V>
+CONVS2S_INLINE V load_lanes(const uint16_t* p) {
+  return widen_bf16_v<V>(p);
+}
+template <typename V>
+CONVS2S_INLINE void store_kept(float* p, V x, typename Vec<V>::u32 keep) {
+  typename Vec<V>::u32 bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits &= keep;
+  std::memcpy(p, &bits, sizeof(bits));
+}
+template <typename V>
+CONVS2S_INLINE void store_kept(uint16_t* p, V x, typename Vec<V>::u32 keep) {
+  const auto h = __builtin_convertvector(round_bf16_bits_v<V>(x) & keep, typename Vec<V>::u16);
+  std::memcpy(p, &h, sizeof(h));
+}
+CONVS2S_INLINE float scaled_or_zero(float x, bool kept, float scale) { return kept ? x * scale : 0.f; }
+CONVS2S_INLINE uint16_t scaled_or_zero(uint16_t x, bool kept, float scale) {
+  c10::BFloat16 v;
+  v.x = x;
+  return (kept ? c10::BFloat16(float(v) * scale) : c10::BFloat16(0.f)).x;
+}
+
+// The loop on whole vectors: the hash in 32-bit lanes (vpmulld at AVX2), the mask a compare, each
+// element scaled in float32 (T: float, or bfloat16 bits as uint16_t).
+template <typename V, typename T>
+CONVS2S_INLINE void dropout_span(const T* src, T* dst, int64_t begin, int64_t end, uint32_t mix, uint32_t threshold,
+                                 float scale) {
   using U = typename Vec<V>::u32;
   constexpr int L = Vec<V>::lanes;
   U lane;
@@ -53,94 +83,33 @@ CONVS2S_INLINE void dropout_span(const float* src, float* dst, int64_t begin, in
     h ^= h >> 13;
     h *= 0xc2b2ae35u;
     h ^= h >> 16;
-    const U keep = (U)(h >= threshold);
-    V x;
-    std::memcpy(&x, src + i, sizeof(x));
-    x *= scale;
-    U bits;
-    std::memcpy(&bits, &x, sizeof(bits));
-    bits &= keep;
-    std::memcpy(dst + i, &bits, sizeof(bits));
+    store_kept<V>(dst + i, load_lanes<V>(src + i) * scale, (U)(h >= threshold));
   }
   for (; i < end; ++i) {
     const uint32_t h = fmix32(static_cast<uint32_t>(i) * 0x9E3779B1u + mix);
-    dst[i] = h >= threshold ? src[i] * scale : 0.f;
+    dst[i] = scaled_or_zero(src[i], h >= threshold, scale);
   }
 }
 
-// The bfloat16 loop: the same hash and mask, each element widened to float32, scaled and rounded
-// back (vec.h: to nearest even, as the scalar c10::BFloat16 conversions do).
-template <typename V>
-CONVS2S_INLINE void dropout_span_bf16(const uint16_t* src, uint16_t* dst, int64_t begin, int64_t end, uint32_t mix,
-                                      uint32_t threshold, float scale) {
-  using U = typename Vec<V>::u32;
-  using H = typename Vec<V>::u16;
-  constexpr int L = Vec<V>::lanes;
-  U lane;
-  for (int i = 0; i < L; ++i) lane[i] = uint32_t(i);
-  int64_t i = begin;
-  for (; i + L <= end; i += L) {
-    U h = (lane + static_cast<uint32_t>(i)) * 0x9E3779B1u + mix;
-    h ^= h >> 16;
-    h *= 0x85ebca6bu;
-    h ^= h >> 13;
-    h *= 0xc2b2ae35u;
-    h ^= h >> 16;
-    const U keep = (U)(h >= threshold);
-    const H out = __builtin_convertvector(round_bf16_bits_v<V>(widen_bf16_v<V>(src + i) * scale) & keep, H);
-    std::memcpy(dst + i, &out, sizeof(out));
+// One copy per instruction set and element type (overloads), the best chosen at run time.
+#define CONVS2S_DROPOUT_ISA(name, target, V)                                                                      \
+  target void name(const float* src, float* dst, int64_t begin, int64_t end, uint32_t mix, uint32_t threshold,   \
+                   float scale) {                                                                                 \
+    dropout_span<V>(src, dst, begin, end, mix, threshold, scale);                                                 \
+  }                                                                                                               \
+  target void name(const uint16_t* src, uint16_t* dst, int64_t begin, int64_t end, uint32_t mix,                  \
+                   uint32_t threshold, float scale) {                                                             \
+    dropout_span<V>(src, dst, begin, end, mix, threshold, scale);                                                 \
   }
-  for (; i < end; ++i) {
-    const uint32_t h = fmix32(static_cast<uint32_t>(i) * 0x9E3779B1u + mix);
-    c10::BFloat16 v;
-    v.x = src[i];
-    const c10::BFloat16 out = h >= threshold ? c10::BFloat16(float(v) * scale) : c10::BFloat16(0.f);
-    dst[i] = out.x;
-  }
-}
 
 #if defined(__x86_64__)
-__attribute__((target("avx512f"))) void dropout_bf16_avx512(const uint16_t* src, uint16_t* dst, int64_t begin,
-                                                             int64_t end, uint32_t mix, uint32_t threshold, float scale) {
-  dropout_span_bf16<v16>(src, dst, begin, end, mix, threshold, scale);
-}
-__attribute__((target("avx2,fma"))) void dropout_bf16_avx2(const uint16_t* src, uint16_t* dst, int64_t begin,
-                                                           int64_t end, uint32_t mix, uint32_t threshold, float scale) {
-  dropout_span_bf16<v8>(src, dst, begin, end, mix, threshold, scale);
-}
+CONVS2S_DROPOUT_ISA(dropout_avx512, __attribute__((target("avx512f"))), v16)
+CONVS2S_DROPOUT_ISA(dropout_avx2, __attribute__((target("avx2,fma"))), v8)
 #endif
-void dropout_bf16_base(const uint16_t* src, uint16_t* dst, int64_t begin, int64_t end, uint32_t mix, uint32_t threshold,
-                       float scale) {
-  dropout_span_bf16<v4>(src, dst, begin, end, mix, threshold, scale);
-}
+CONVS2S_DROPOUT_ISA(dropout_base, , v4)
 
-void dropout_bf16(const uint16_t* src, uint16_t* dst, int64_t begin, int64_t end, uint32_t mix, uint32_t threshold,
-                  float scale) {
-  static const Isa isa = kernel_isa();
-#if defined(__x86_64__)
-  if (isa == Isa::avx512) return dropout_bf16_avx512(src, dst, begin, end, mix, threshold, scale);
-  if (isa == Isa::avx2) return dropout_bf16_avx2(src, dst, begin, end, mix, threshold, scale);
-#endif
-  dropout_bf16_base(src, dst, begin, end, mix, threshold, scale);
-}
-
-#if defined(__x86_64__)
-__attribute__((target("avx512f"))) void dropout_avx512(const float* src, float* dst, int64_t begin, int64_t end,
-                                                        uint32_t mix, uint32_t threshold, float scale) {
-  dropout_span<v16>(src, dst, begin, end, mix, threshold, scale);
-}
-__attribute__((target("avx2,fma"))) void dropout_avx2(const float* src, float* dst, int64_t begin, int64_t end,
-                                                      uint32_t mix, uint32_t threshold, float scale) {
-  dropout_span<v8>(src, dst, begin, end, mix, threshold, scale);
-}
-#endif
-void dropout_base(const float* src, float* dst, int64_t begin, int64_t end, uint32_t mix, uint32_t threshold,
-                  float scale) {
-  dropout_span<v4>(src, dst, begin, end, mix, threshold, scale);
-}
-
-void dropout_f32(const float* src, float* dst, int64_t begin, int64_t end, uint32_t mix, uint32_t threshold,
-                 float scale) {
+template <typename T>
+void dropout_vectors(const T* src, T* dst, int64_t begin, int64_t end, uint32_t mix, uint32_t threshold, float scale) {
   static const Isa isa = kernel_isa();
 #if defined(__x86_64__)
   if (isa == Isa::avx512) return dropout_avx512(src, dst, begin, end, mix, threshold, scale);
@@ -168,13 +137,14 @@ at::Tensor dropout_apply(const at::Tensor& x, double p, int64_t seed) {
     scalar_t* dst = out.data_ptr<scalar_t>();
     at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
       if constexpr (std::is_same_v<scalar_t, float>) {
-        dropout_f32(reinterpret_cast<const float*>(src), reinterpret_cast<float*>(dst), begin, end, mix,
-                    static_cast<uint32_t>(threshold), float(scale));  // float32 only: the branch is dead otherwise
+        // cast: the branch must compile for every dispatched type, though only float32 takes it
+        dropout_vectors(reinterpret_cast<const float*>(src), reinterpret_cast<float*>(dst), begin, end, mix,
+                        static_cast<uint32_t>(threshold), float(scale));
         return;
       }
-      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {  // bf16 autocast's activations
-        dropout_bf16(reinterpret_cast<const uint16_t*>(src), reinterpret_cast<uint16_t*>(dst), begin, end, mix,
-                     static_cast<uint32_t>(threshold), float(scale));
+      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {  // bf16 autocast's activations, as their bits
+        dropout_vectors(reinterpret_cast<const uint16_t*>(src), reinterpret_cast<uint16_t*>(dst), begin, end, mix,
+                        static_cast<uint32_t>(threshold), float(scale));
         return;
       }
       for (int64_t i = begin; i < end; ++i) {

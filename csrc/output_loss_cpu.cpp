@@ -299,24 +299,25 @@ std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tenso
   const int64_t most = v * std::max<int64_t>(std::min(block_rows, n), 1);
   at::Tensor buf = onednn ? at::Tensor() : at::empty({most}, xc.options());  // oneDNN writes a block of its own
   at::Tensor b = bias.has_value() ? bias->contiguous().unsqueeze(1) : at::Tensor();
-  // bf16: the bias joins the passes in float32, added to each rounded product as it is read
-  const at::Tensor bias_f32 = bf16 && b.defined() ? b.to(at::kFloat).contiguous() : at::Tensor();
+  // float32 and bf16: the bias joins the fused passes in float32, added to each product as it is read
+  // (ATen's addmm would first copy it over the whole block); float64 keeps addmm
+  const at::Tensor bias_f32 = (f32 || bf16) && b.defined() ? b.to(at::kFloat).contiguous() : at::Tensor();
+  const float* pass_bias = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
   for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
     const int64_t rows = std::min(n, r0 + block_rows) - r0;
     const at::Tensor xb = xc.narrow(0, r0, rows), tb = t.narrow(0, r0, rows);
-    // a column per row of x; in float32 the bias joins in the fused passes
+    // a column per row of x
     at::Tensor logits = onednn ? gemm_with(w, xb, c10::nullopt, /*w_is_nk=*/true, GemmLibrary::onednn)
                                : buf.narrow(0, 0, v * rows).view({v, rows});
     if (!onednn) {
-      if (f32 || bf16 || !b.defined())
-        at::mm_out(logits, w, xb.t());
-      else
+      if (b.defined() && !bias_f32.defined())
         at::addmm_out(logits, b, w, xb.t());
+      else
+        at::mm_out(logits, w, xb.t());
     }
-    if (bf16) {  // the fused passes read the bf16 block as float32 lanes, the bias added, the gradient written in bf16
-      block_loss(reinterpret_cast<uint16_t*>(logits.data_ptr<at::BFloat16>()), v, rows,
-                 bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, tb, ignore_index, eps, eps_i, loss, nll,
-                 grads ? db.data_ptr<float>() : nullptr);
+    if (bf16) {  // the fused passes read the bf16 block as float32 lanes and write its gradient back in bf16
+      block_loss(reinterpret_cast<uint16_t*>(logits.data_ptr<at::BFloat16>()), v, rows, pass_bias, tb, ignore_index,
+                 eps, eps_i, loss, nll, grads ? db.data_ptr<float>() : nullptr);
       if (!grads) continue;
       at::Tensor dxb = dx.narrow(0, r0, rows);
       at::mm_out(dxb, logits.t(), w);
@@ -324,8 +325,8 @@ std::vector<at::Tensor> output_loss_forward(const at::Tensor& x, const at::Tenso
       continue;
     }
     if (f32) {  // the fused passes
-      block_loss(logits.data_ptr<float>(), v, rows, b.defined() ? b.data_ptr<float>() : nullptr, tb, ignore_index, eps,
-                 eps_i, loss, nll, grads ? db.data_ptr<float>() : nullptr);
+      block_loss(logits.data_ptr<float>(), v, rows, pass_bias, tb, ignore_index, eps, eps_i, loss, nll,
+                 grads ? db.data_ptr<float>() : nullptr);
       if (!grads) continue;
       at::Tensor dxb = dx.narrow(0, r0, rows);
       at::mm_out(dxb, logits.t(), w);

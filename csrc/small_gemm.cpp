@@ -37,12 +37,7 @@ template <typename V> CONVS2S_INLINE V load(const float* p) {
 
 // bf16 weights: widened to float32 (a bf16 is the top half of a float32), half the bytes read.
 template <typename V> CONVS2S_INLINE V load(const at::BFloat16* p) {
-  typename Vec<V>::u16 h;
-  std::memcpy(&h, p, sizeof(h));
-  const typename Vec<V>::u32 w = __builtin_convertvector(h, typename Vec<V>::u32) << 16;
-  V v;
-  std::memcpy(&v, &w, sizeof(v));
-  return v;
+  return widen_bf16_v<V>(reinterpret_cast<const uint16_t*>(p));
 }
 
 // int8 weights (the per-output-channel scale is applied after the sum): a quarter of the bytes.

@@ -96,3 +96,18 @@ def bench_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def assert_runs_at_isa(code: str, cap: str) -> None:
+    """Run ``code`` in a fresh interpreter with the project's kernels capped to ``cap``
+    (``CONVS2S_KERNELS_ISA``: read once a process, so each cap needs its own), the op tests'
+    folder as ``sys.argv[1]`` (importable from there), and fail with its stderr unless it exits 0."""
+    import os
+    import subprocess
+    import sys
+
+    require_or_skip("cpp")
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, CONVS2S_KERNELS_ISA=cap))
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -2,10 +2,6 @@
 every dtype, odd sizes, strided inputs), the gradient (the same mask, remade from the seed), the
 kept fraction, the seed's role (``torch.manual_seed`` repeats the masks) and the identity cases."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -55,28 +51,6 @@ def test_cpp_bfloat16_vectors_round_as_the_reference():
     assert torch.all(got[~keep] == 0)
 
 
-_ISA_CODE = """
-import sys
-sys.path.insert(0, sys.argv[1])
-import torch
-import test_dropout as t
-t.test_cpp_bfloat16_vectors_round_as_the_reference()
-for dtype in (torch.float32, torch.bfloat16):
-    t.test_cpp_equals_reference_forward_and_backward((37, 129), dtype, 0.3)
-"""
-
-
-@pytest.mark.parametrize("cap", ["avx2", "baseline"])
-def test_cpp_at_lower_instruction_sets(cap):
-    """The same bits with the kernels capped to a lower instruction set (their other compiled copies)."""
-    from harness import require_or_skip
-    require_or_skip("cpp")
-    env = dict(os.environ, CONVS2S_KERNELS_ISA=cap)
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run([sys.executable, "-c", _ISA_CODE, here], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-
-
 def test_strided_input_is_masked_in_its_logical_order():
     base = torch.randn(40, 30)
     x = base.t()  # not contiguous
@@ -116,25 +90,24 @@ def test_identity_cases_and_bad_p():
 
 
 _ISA_CODE = """
+import sys
 import torch
 import convs2s_kernels as ck
+sys.path.insert(0, sys.argv[1])
+import test_dropout as t
 for n in (1, 7, 4099, 70001):  # tails of every vector width; several threads' shares
-    x = torch.randn(n)
-    for p in (0.1, 0.5):
-        got = ck.dropout(x, p, seed=2 ** 40 + n, backend="cpp")
-        want = ck.dropout(x, p, seed=2 ** 40 + n, backend="reference")
-        assert torch.equal(got, want), (n, p)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(n).to(dtype)
+        for p in (0.1, 0.5):
+            got = ck.dropout(x, p, seed=2 ** 40 + n, backend="cpp")
+            want = ck.dropout(x, p, seed=2 ** 40 + n, backend="reference")
+            assert torch.equal(got, want), (n, dtype, p)
+t.test_cpp_bfloat16_vectors_round_as_the_reference()
 """
 
 
 @pytest.mark.parametrize("cap", ["avx2", "baseline"])
-def test_cpp_float32_masks_at_lower_instruction_sets(cap):
-    """The float32 loop's other compiled copies (CONVS2S_KERNELS_ISA) give the reference's bits too."""
-    import os
-    import subprocess
-    import sys
-    from harness import require_or_skip
-    require_or_skip("cpp")
-    out = subprocess.run([sys.executable, "-c", _ISA_CODE], capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, CONVS2S_KERNELS_ISA=cap))
-    assert out.returncode == 0, out.stderr[-2000:]
+def test_cpp_masks_at_lower_instruction_sets(cap):
+    """The float32 and bf16 loops' other compiled copies (CONVS2S_KERNELS_ISA) give the reference's bits too."""
+    from harness import assert_runs_at_isa
+    assert_runs_at_isa(_ISA_CODE, cap)

@@ -56,15 +56,6 @@ def _cache():
     return tune_cache.cache_path(key, kind=CACHE_KIND), key
 
 
-def _cached_entries(path, key) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        ok = isinstance(data, dict) and data.get("key") == key and isinstance(data.get("entries"), dict)
-        return data["entries"] if ok else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def measure_candidates(v: int, c: int, rows: int = 1024, rounds: int = 5) -> Dict[str, float]:
     """Median seconds of the float32 op with gradients (its three products and passes) at ``rows``
     rows of a (v, c) output layer, per candidate, interleaved (each warmed up once first)."""
@@ -119,7 +110,7 @@ def gemm_choice(v: int, c: int) -> Tuple[str, int]:
         return _chosen[key]
     path, cache_key = _cache()
     name = f"{v}x{c}"
-    entry = _cached_entries(path, cache_key).get(name)
+    entry = tune_cache.entries_at(path, cache_key).get(name)
     if isinstance(entry, dict) and entry.get("library") in LIBRARIES and isinstance(entry.get("block_rows"), int):
         choice = (entry["library"], entry["block_rows"])
     elif tuning_enabled():
@@ -127,7 +118,7 @@ def gemm_choice(v: int, c: int) -> Tuple[str, int]:
         choice = pick_candidate(seconds)
         try:
             tune_cache.save_merged(path, cache_key, {name: dict(library=choice[0], block_rows=choice[1], seconds=seconds)},
-                                   lambda: _cached_entries(path, cache_key))
+                                   lambda: tune_cache.entries_at(path, cache_key))
         except OSError as exc:  # a read-only cache: the choice still holds for this process
             warnings.warn(f"could not save output_loss's GEMM choice to {path} ({exc}); it will be measured again")
     else:
