@@ -19,6 +19,13 @@ environment variable can set), one folder each under ``convs2s_kernels/ops/``:
 * :func:`beam_candidates` — a beam-search step: log-softmax, the search's rules, top ``2 * beam``;
 * :func:`beam_update` — the rest of it: finished hypotheses recorded, every beam advanced.
 
+and for training:
+
+* :func:`output_loss` — the output projection and the label-smoothed cross-entropy, a block of rows at a time;
+* :func:`dropout` — dropout whose mask is a hash of a seed and the element's index;
+* :func:`grad_norm` — the global L2 norm of every gradient, in one pass;
+* :func:`nag_step` — one Nesterov step over every parameter, normalisation and clipping folded in.
+
 Each has a pure-PyTorch twin ``<op>_ref`` (also in :mod:`convs2s_kernels.reference`).
 """
 
