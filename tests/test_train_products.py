@@ -1,6 +1,9 @@
 """``bench/train_products.py``: an update's products, inside it and timed alone, and the ceiling they set."""
 
 import json
+import os
+
+from convs2s.dictionary import Dictionary
 
 from harness import bench_script, require_or_skip
 from test_train import make_copy_data
@@ -15,8 +18,9 @@ def test_products_are_found_timed_and_bound_the_update(tmp_path, capsys):
     result = json.loads(out.read_text())
     rows = result["products"]
     assert rows and all(r["gflop"] > 0 and r["calls"] >= 1 and r["seconds"] > 0 for r in rows)
-    # every output-layer product is there: the logits, dx and dW of fc3 (vocabulary 12 + 4 specials)
-    assert sum(r["calls"] for r in rows if any(16 in s for s in r["shapes"] if s)) >= 3 * 2
+    # every output-layer product is there: fc3's logits, dx and dW, each update (the only shapes with V)
+    vocab = len(Dictionary.load(os.path.join(data, "dict.tgt.txt")))
+    assert vocab == 16 and sum(r["calls"] for r in rows if any(vocab in s for s in r["shapes"] if s)) >= 3 * 2
     assert abs(result["products_s"] - sum(r["seconds"] for r in rows)) < 1e-9
     # the products alone take part of the updates, never all of them
     assert 0 < result["products_alone_s"] < result["unprofiled_s"]
