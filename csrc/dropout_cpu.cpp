@@ -37,16 +37,8 @@ inline uint32_t fmix32(uint32_t h) {
   return h;
 }
 
-// An element type's lanes as float32 and back: float32 as it is; bfloat16 (its bits) widened, and
-// rounded back to nearest even (vec.h, as the scalar c10::BFloat16 conversions do).
-template <typename V>
-CONVS2S_INLINE V load_lanes(const float* p) {
-  return load_v<V>(p);
-}
-template <typename V>
-CONVS2S_INLINE V load_lanes(const uint16_t* p) {
-  return widen_bf16_v<V>(p);
-}
+// float32 lanes stored back as the element type (read through vec.h's load_f32_lanes): float32 as
+// it is; bfloat16 bits rounded to nearest even (vec.h, as the scalar c10::BFloat16 conversions do).
 template <typename V>
 CONVS2S_INLINE void store_kept(float* p, V x, typename Vec<V>::u32 keep) {
   typename Vec<V>::u32 bits;
@@ -83,7 +75,7 @@ CONVS2S_INLINE void dropout_span(const T* src, T* dst, int64_t begin, int64_t en
     h ^= h >> 13;
     h *= 0xc2b2ae35u;
     h ^= h >> 16;
-    store_kept<V>(dst + i, load_lanes<V>(src + i) * scale, (U)(h >= threshold));
+    store_kept<V>(dst + i, load_f32_lanes<V>(src + i) * scale, (U)(h >= threshold));
   }
   for (; i < end; ++i) {
     const uint32_t h = fmix32(static_cast<uint32_t>(i) * 0x9E3779B1u + mix);

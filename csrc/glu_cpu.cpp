@@ -136,10 +136,7 @@ CONVS2S_INLINE void widen_bf16(const uint16_t* src, int64_t n, float* dst) {
     const V x = widen_bf16_v<V>(src + i);
     std::memcpy(dst + i, &x, sizeof(x));
   }
-  for (; i < n; ++i) {
-    const uint32_t w = uint32_t(src[i]) << 16;
-    std::memcpy(dst + i, &w, sizeof(w));
-  }
+  for (; i < n; ++i) dst[i] = load_f32(src + i);
 }
 
 template <typename V>

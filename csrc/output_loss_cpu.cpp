@@ -41,23 +41,6 @@ namespace convs2s {
 
 namespace {
 
-// A block's elements as float32 lanes: float32 blocks as they are, bfloat16 ones (bf16 autocast's
-// logits, as uint16_t bits) widened on the fly, so no float32 copy of the block is made.
-template <typename V>
-CONVS2S_INLINE V load_block(const float* p) {
-  return load_v<V>(p);
-}
-template <typename V>
-CONVS2S_INLINE V load_block(const uint16_t* p) {
-  return widen_bf16_v<V>(p);
-}
-CONVS2S_INLINE float element(const float* p) { return *p; }
-CONVS2S_INLINE float element(const uint16_t* p) {
-  const uint32_t w = uint32_t(*p) << 16;
-  float f;
-  std::memcpy(&f, &w, sizeof(f));
-  return f;
-}
 
 // Over the vocabulary rows [v0, v1) of a (V, cols) block L, with bias[v] added to row v on the fly
 // (null: none): mx[j] = max(mx[j], L[v, j]) and sm[j] += L[v, j] (with sumexp: se[j] += exp(L[v, j] -
@@ -71,7 +54,7 @@ CONVS2S_INLINE void column_pass(const T* L, const float* bias, int64_t v0, int64
     const float bv = bias ? bias[v] : 0.f;
     int64_t j = 0;
     for (; j + W <= cols; j += W) {
-      const V x = load_block<V>(row + j) + bv, m = load_v<V>(mx + j);
+      const V x = load_f32_lanes<V>(row + j) + bv, m = load_v<V>(mx + j);
       V a = load_v<V>(sm + j);
       if constexpr (kSumExp) {
         a += exp_v<V>(x - m);
@@ -83,7 +66,7 @@ CONVS2S_INLINE void column_pass(const T* L, const float* bias, int64_t v0, int64
       std::memcpy(sm + j, &a, sizeof(a));
     }
     for (; j < cols; ++j) {
-      const float x = element(row + j) + bv;
+      const float x = load_f32(row + j) + bv;
       if constexpr (kSumExp) {
         sm[j] += std::exp(x - mx[j]);
       } else {
@@ -113,7 +96,7 @@ CONVS2S_INLINE void gradient_rows(T* L, const float* bias, int64_t v0, int64_t v
     V acc{};
     int64_t j = 0;
     for (; j + W <= cols; j += W) {
-      V g = (exp_v<V>(load_block<V>(row + j) + bv - load_v<V>(lse + j)) - eps_i) * load_v<V>(keep + j);
+      V g = (exp_v<V>(load_f32_lanes<V>(row + j) + bv - load_v<V>(lse + j)) - eps_i) * load_v<V>(keep + j);
       I t;
       std::memcpy(&t, tgt + j, sizeof(t));
       const I sub = (t == static_cast<int32_t>(v)) & at_bits;
@@ -131,7 +114,7 @@ CONVS2S_INLINE void gradient_rows(T* L, const float* bias, int64_t v0, int64_t v
     float total = 0.f;
     for (int i = 0; i < W; ++i) total += acc[i];
     for (; j < cols; ++j) {
-      float g = (std::exp(element(row + j) + bv - lse[j]) - eps_i) * keep[j];
+      float g = (std::exp(load_f32(row + j) + bv - lse[j]) - eps_i) * keep[j];
       if (tgt[j] == v) g -= at_target;
       store_block(row + j, g);
       total += g;
@@ -255,7 +238,7 @@ void block_loss(T* L, int64_t v, int64_t cols, const float* bias, const at::Tens
     tgt[j] = t[j] != ignore_index ? static_cast<int32_t>(t[j]) : -1;
     if (t[j] == ignore_index) continue;
     TORCH_CHECK(t[j] >= 0 && t[j] < v, "output_loss: target ", t[j], " outside the vocabulary of ", v);
-    const double row_nll = double(lse[j]) - double(element(L + t[j] * cols + j) + (bias ? bias[t[j]] : 0.f));
+    const double row_nll = double(lse[j]) - double(load_f32(L + t[j] * cols + j) + (bias ? bias[t[j]] : 0.f));
     nll_sum += row_nll;
     loss_sum += row_nll * (1.0 - eps - eps_i) + eps_i * (double(lse[j]) * double(v) - double(sm[j]));
   }

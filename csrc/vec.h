@@ -43,6 +43,24 @@ CONVS2S_INLINE V widen_bf16_v(const uint16_t* p) {
   return x;
 }
 
+// An element type's lanes as float32 (the kernels templated on float and on bfloat16 bits as
+// uint16_t read both through these): float32 as it is, bfloat16 widened.
+template <typename V>
+CONVS2S_INLINE V load_f32_lanes(const float* p) {
+  return load_v<V>(p);
+}
+template <typename V>
+CONVS2S_INLINE V load_f32_lanes(const uint16_t* p) {
+  return widen_bf16_v<V>(p);
+}
+CONVS2S_INLINE float load_f32(const float* p) { return *p; }
+CONVS2S_INLINE float load_f32(const uint16_t* p) {
+  const uint32_t w = uint32_t(*p) << 16;
+  float f;
+  std::memcpy(&f, &w, sizeof(f));
+  return f;
+}
+
 // float32 lanes rounded to bfloat16 bits, to nearest even, a NaN to the quiet NaN: c10::BFloat16's
 // conversion on a whole vector.
 template <typename V>
