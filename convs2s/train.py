@@ -362,8 +362,7 @@ class Trainer:
         grads = [p.grad for p in params]
         present = [g for g in grads if g is not None]
         scale = 1.0 / max(ntokens, 1)
-        backend = "reference" if self.cfg.backend == "reference" else None
-        gnorm = float(ck.grad_norm(present, backend=backend)) * scale
+        gnorm = float(ck.grad_norm(present, backend=self._step_backend)) * scale
         if not math.isfinite(gnorm):
             raise TrainingDiverged(f"the gradient norm became {gnorm} at update {self.progress.num_updates + 1}")
         if self.cfg.clip_norm > 0 and self.cfg.clip_norm / (gnorm + 1e-6) < 1.0:
@@ -388,6 +387,12 @@ class Trainer:
         totals = flat[-3:].double().tolist()
         return totals[0], totals[1], int(round(totals[2]))
 
+    @property
+    def _step_backend(self) -> Optional[str]:
+        """The backend of the step's own ops (gradient norm, NAG): the reference when the run asks for
+        it, else "auto" (they have no Triton kernel, so a run on "triton" takes the fastest there)."""
+        return "reference" if self.cfg.backend == "reference" else None
+
     def _nag_step(self, params, grads, grad_scale: float) -> None:
         """torch.optim.SGD's Nesterov update on the gradients times ``grad_scale``, as one fused op
         (``convs2s_kernels.nag_step``) on the optimizer's own state: its lr and momentum buffers,
@@ -400,8 +405,7 @@ class Trainer:
                 state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
             bufs.append(state["momentum_buffer"])
         ck.nag_step(params, grads, bufs, lr=group["lr"], momentum=group["momentum"],
-                    weight_decay=group["weight_decay"], grad_scale=grad_scale,
-                    backend="reference" if self.cfg.backend == "reference" else None)
+                    weight_decay=group["weight_decay"], grad_scale=grad_scale, backend=self._step_backend)
 
     def _share_flops(self, group: List[List[int]], conv_tile: int = 0) -> float:
         """The model's FLOPs of this process's share of ``group`` (or those run, with Winograd tiles)."""
