@@ -6,9 +6,9 @@
 #                                       # CUDA graphs on), the Triton model tests on CUDA, then the GPU-marked tests
 #   bash scripts/gpu_session.sh speed   # the speed table with the reference beside Triton, then Triton eager, one step
 #                                       # a graph instead of four, and 512-sentence batches (labelled rows; ~5 min)
-#   bash scripts/gpu_session.sh profile # bench/gpu_batch_profile.py: one 128-sentence batch, graph and eager (~1 min)
+#   bash scripts/gpu_session.sh profile # bench/tools/gpu_batch_profile.py: one 128-sentence batch, graph and eager (~1 min)
 #   bash scripts/gpu_session.sh train   # issue 51: the conv+GLU and attention op benchmarks (bf16, pytest-benchmark
-#                                       # JSON), then training updates Triton beside the reference (bench/train_step_ab.py)
+#                                       # JSON), then training updates Triton beside the reference (bench/tools/train_step_ab.py)
 # Everything it writes goes to $OUT (the device tool brings that folder back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,11 +45,11 @@ case "${1:-}" in
     speed_table 150 speed-table-triton-graph-1step --backends triton --beams 5 --steps-per-graph 1
     speed_table 150 speed-table-triton-graph-batch512 --backends triton --beams 5 --batch-size 512 ;;
   profile)
-    timeout 200 "$PY" bench/gpu_batch_profile.py --out "$OUT" ;;
+    timeout 200 "$PY" bench/tools/gpu_batch_profile.py --out "$OUT" ;;
   train)
     timeout 330 "$PY" -m pytest bench/test_bench_conv_glu.py bench/test_bench_attention_embsum.py -k "bf16 and not translating" \
       -p no:cacheprovider -q --benchmark-json "$OUT/bench-ops-bf16.json" > "$OUT/bench-ops-bf16.txt" 2>&1
     echo "op benchmarks: exit $? at $(elapsed) s"; tail -1 "$OUT/bench-ops-bf16.txt"
-    timeout 250 "$PY" bench/train_step_ab.py --json "$OUT/train-step-ab.json" > "$OUT/train-step-ab.txt" 2>&1
+    timeout 250 "$PY" bench/tools/train_step_ab.py --json "$OUT/train-step-ab.json" > "$OUT/train-step-ab.txt" 2>&1
     echo "training updates: exit $? at $(elapsed) s"; cat "$OUT/train-step-ab.txt" ;;
 esac

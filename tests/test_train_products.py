@@ -1,4 +1,4 @@
-"""``bench/train_products.py``: an update's products, inside it and timed alone, and the ceiling they set."""
+"""``bench/tools/train_products.py``: an update's products, inside it and timed alone, and the ceiling they set."""
 
 import json
 import os

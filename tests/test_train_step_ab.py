@@ -1,4 +1,4 @@
-"""``bench/train_step_ab.py``: training updates timed per backend on the same model and batches."""
+"""``bench/tools/train_step_ab.py``: training updates timed per backend on the same model and batches."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""``bench/train_valid_ab.py``: training recipes side by side at equal wall time, judged on validation."""
+"""``bench/tools/train_valid_ab.py``: training recipes side by side at equal wall time, judged on validation."""
 
 import json
 import math

@@ -22,7 +22,7 @@ The sample covers the batch sizes geometrically (1, 2, 4, ... 128) and includes 
 batch, so every batch's size lies between two measured ones. The uncertainty has two parts: the
 spread of the estimate over the repeats, and the model's: the largest change of the total when
 one interior sample batch is left out (leave-one-out). Validated against full runs in
-bench/results/ (bench/validate_estimate.py).
+bench/results/ (bench/tools/validate_estimate.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the paper's model read, and the configurations it times.
 
 The paper's WMT'14 En-Fr model read BPE subwords (Moses tokens, a joint En+Fr BPE of 40K
 merges), not words. ``NEWSTEST_SUBWORD_LENGTHS`` is the length histogram of the 6003 English
-sources in such subwords, measured by ``bench/measure_subword_lengths.py`` (the sources'
+sources in such subwords, measured by ``bench/tools/measure_subword_lengths.py`` (the sources'
 Moses tokens, lowercased, through a joint En+Fr BPE of 40,000 merges learned by subword-nmt on
 wordfreq's large En and Fr frequency lists: we have no WMT training corpus, so the merges come
 from general-domain counts of both languages; the result and its settings are in

@@ -40,7 +40,7 @@ fi
 # fairseq's IWSLT fconv recipe (NAG lr 0.25 momentum 0.99, clip 0.1, label smoothing 0.1, its fixed
 # lr: --lr-shrink 1, chosen over the paper's lr / 10 on every validation plateau) with dropout 0.4 for
 # its 0.2 (Multi30k is a fifth of IWSLT's size; 0.3, then 0.4, each chosen on the validation set,
-# examples/multi30k/README.md) with 1000-token batches: four times the updates
+# bench/results/multi30k-recipe-history.md) with 1000-token batches: four times the updates
 # per epoch, since 90 minutes on 2 cores end the run long before it converges; the last 25 minutes
 # take the lr linearly to zero, so the clock stops an annealed model.
 # bf16 autocast where a conv+GLU layer's forward+backward was measured faster than fp32 (--precision auto).

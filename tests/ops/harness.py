@@ -87,11 +87,11 @@ def repeated_parents(n_prev: int, n: int) -> torch.Tensor:
 
 
 def bench_script(name: str):
-    """A bench/<name>.py script loaded as a module (bench/ is scripts, not a package)."""
+    """A bench/tools/<name>.py script loaded as a module (bench/tools/ is scripts, not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "tools" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

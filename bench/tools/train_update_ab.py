@@ -8,9 +8,9 @@ With ``--conv-layer B,T,C`` each process times one conv+GLU layer's forward + ba
 runs it in training), ``--updates`` calls: a pass-level change too small for whole updates to resolve.
 
     git worktree add /tmp/before <commit> && (cd /tmp/before && python3 setup.py build_ext --inplace)
-    python3 bench/train_update_ab.py DATA --before /tmp/before --after . [--rounds 5] [--updates 25]
-                                     [--warmup 5] [--max-tokens 1000] [--arch fconv_iwslt_de_en] [--bf16] [--json OUT]
-    python3 bench/train_update_ab.py --conv-layer 62,16,256 --before /tmp/before --after . [--rounds 20] [--updates 30]
+    python3 bench/tools/train_update_ab.py DATA --before /tmp/before --after . [--rounds 5] [--updates 25]
+                                           [--warmup 5] [--max-tokens 1000] [--arch fconv_iwslt_de_en] [--bf16] [--json OUT]
+    python3 bench/tools/train_update_ab.py --conv-layer 62,16,256 --before /tmp/before --after . [--rounds 20] [--updates 30]
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         print(f"{name} ran: {', '.join(f'{k} x{v}' for k, v in ran[name].items())}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(what=f"{unit} of two trees, alternating processes (bench/train_update_ab.py)",
+            json.dump(dict(what=f"{unit} of two trees, alternating processes (bench/tools/train_update_ab.py)",
                            unit=unit, args=vars(args), trees=trees, rates=rates, median=med,
                            per_round_ratio=ratios, ran=ran), f, indent=1)
     return 0

@@ -6,8 +6,8 @@ updates' products, each at the best speed its library showed at its shape (alone
 update), beside the same updates unprofiled: how much faster an update could be with nothing
 outside its products (without fewer products or faster GEMMs).
 
-    python3 bench/train_products.py DATA [--arch fconv_iwslt_de_en] [--max-tokens 1000] [--updates 15]
-                                         [--top 15] [--json OUT]
+    python3 bench/tools/train_products.py DATA [--arch fconv_iwslt_de_en] [--max-tokens 1000] [--updates 15]
+                                               [--top 15] [--json OUT]
 
 A shape slow alone is the GEMM's (MKL at that shape); slow only inside the update, its operands'
 (cold caches, layouts). Products are ``mm``, ``addmm``, ``addmm_``, ``bmm`` and oneDNN's

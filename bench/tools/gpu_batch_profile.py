@@ -1,7 +1,7 @@
 """Where one CUDA decode of a full batch spends its time, with and without the step's CUDA graph.
 
 Run on a GPU machine from the repository root (``PYTHONPATH=.:bench``):
-``python3 bench/gpu_batch_profile.py [--backend triton] [--out DIR]``. It decodes 128 random
+``python3 bench/tools/gpu_batch_profile.py [--backend triton] [--out DIR]``. It decodes 128 random
 sentences of 25 subwords at beam 5 with 28 forced target subwords (the full set's largest batch
 shape) with fconv_wmt_en_fr in bf16, prints the batch's wall time and the mean spacing of the step hooks,
 and writes a ``torch.profiler`` table per mode (CUDA time, then self CPU time) to ``DIR``.

@@ -1,7 +1,7 @@
 """A decoding step's packed int8 products with 7-bit activations, 8-bit against 7-bit weights
 (``linear_w8a8(..., weight_bits=7)``), alternated in one process; medians and ranges per row count.
 
-    python3 bench/int8_weight_bits_ab.py [--rows 1,3,5,8,10,12,15] [--rounds 8]
+    python3 bench/tools/int8_weight_bits_ab.py [--rows 1,3,5,8,10,12,15] [--rounds 8]
 
 The 17 weights of a fconv_wmt_en_fr step (10 x 2048 x 3072, 4 x 512 x 1024, 40000 x 512), each
 packed once and cycled, so that every product streams its weight from memory as a step does. The

@@ -22,7 +22,7 @@ French/English length ratio on the parallel Multi30k test_2016_flickr set, measu
 whitespace-word histogram against the project's ``NEWSTEST_LENGTHS`` (``bench/convs2s_bench/``).
 
     pip install wordfreq subword-nmt sacremoses     # measurement-only tools, not package dependencies
-    python3 bench/measure_subword_lengths.py        # about two minutes, one CPU core
+    python3 bench/tools/measure_subword_lengths.py  # about two minutes, one CPU core
 
 Its result is committed as bench/results/newstest-subword-lengths.json and embedded in
 ``bench/convs2s_bench/workload.py`` (a test checks they agree).
@@ -49,7 +49,7 @@ from sacremoses import MosesTokenizer
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BENCH_PACKAGE = REPO / "bench" / "convs2s_bench"  # where the speed table's workload is defined
 DATA = Path(os.environ.get("CONVS2S_SHARED", REPO.parent / "shared")) / "data"  # read in place, never copied
 # wordfreq splits French elisions and drops the apostrophe ("l'homme" -> "l", "homme"); Moses

@@ -1,6 +1,6 @@
 """Hold the speed table's full-set estimates against full runs of the same configurations.
 
-    python3 bench/validate_estimate.py ESTIMATE.json FULL.json [FULL.json ...] > comparison.md
+    python3 bench/tools/validate_estimate.py ESTIMATE.json FULL.json [FULL.json ...] > comparison.md
 
 ESTIMATE.json is a default ``convs2s bench speed-table --json`` run; each FULL.json a ``--full``
 run (any configurations and beams). For every (backend, decoder, dtype, beam) in both: the

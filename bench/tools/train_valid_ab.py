@@ -2,7 +2,7 @@
 hyperparameter change of a time-bounded recipe (examples/multi30k/run.sh) is decided, never on a
 test set.
 
-    python3 bench/train_valid_ab.py DATA --minutes 25 --decay-minutes 8 \\
+    python3 bench/tools/train_valid_ab.py DATA --minutes 25 --decay-minutes 8 \\
         --arm "--max-tokens 1000 --validate-interval 400" --arm "--max-tokens 2000 --validate-interval 200" \\
         [--json OUT] [--work DIR] -- [options every arm shares, as for `convs2s train`]
 

@@ -1,7 +1,7 @@
 """The cpp convolution + GLU in training, im2col and one GEMM against Winograd F(2, 3) and F(4, 3),
 forward and forward + backward, alternated in one process; medians, ranges and every round's time.
 
-    python3 bench/conv_glu_winograd_ab.py [--shapes iwslt|paper|small|all] [--rounds 5 --reps 5] [--json OUT]
+    python3 bench/tools/conv_glu_winograd_ab.py [--shapes iwslt|paper|small|all] [--rounds 5 --reps 5] [--json OUT]
 
 ``iwslt``: fconv_iwslt_de_en's layers at the Multi30k recipe's batch (120 sentences x 16 tokens,
 256 channels, the decoder's causal and the encoder's centred convolutions, left padding on a third

@@ -7,7 +7,7 @@ the compulsory traffic, re-reads assumed to hit L2), and the lower bound on its 
 GPU's matrix rate and memory bandwidth imply: ``max(FLOPs / rate, bytes / bandwidth)``. Hold the
 first real GPU run (``pytest bench/ -k triton --benchmark-json ...``) against it.
 
-Run: ``python3 bench/triton_estimates.py [--gpu h100-sxm|h100-pcie|a100]``.
+Run: ``python3 bench/tools/triton_estimates.py [--gpu h100-sxm|h100-pcie|a100]``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Whole int8 decodes with the attention fold in float32 against the fold in int8
 (``DerivedWeights.fold_int8``), alternated in one process; medians and every round's time.
 
-    python3 bench/int8_fold_ab.py --checkpoint CKPT --input IDS [--weight-bits 7] [--rounds 4]
+    python3 bench/tools/int8_fold_ab.py --checkpoint CKPT --input IDS [--weight-bits 7] [--rounds 4]
 
 The peer workload of ``../shared/peers/`` (a fairseq fconv checkpoint and its sentences as word ids),
 decoded as ``vs-fairseq`` decodes it (equal-length batches, forced lengths, beam 5, folded attention,

@@ -6,7 +6,7 @@ on weights cycled cold per case, then per case the median over rounds with its r
 paired ratios. For a refactoring of ``csrc/`` that must leave speed unchanged.
 
     cp convs2s_kernels/_C*.so /tmp/old.so   # before; rebuild; then
-    python3 bench/build_ab.py /tmp/old.so convs2s_kernels/_C*.so --rounds 6 --json out.json
+    python3 bench/tools/build_ab.py /tmp/old.so convs2s_kernels/_C*.so --rounds 6 --json out.json
 """
 import argparse
 import importlib.util
@@ -82,7 +82,7 @@ def decoder_step_cases(C) -> dict:
     sys.modules["convs2s_kernels._C"] = C  # the package imports this build, not the installed one
     import convs2s_kernels as ck
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: the suite's layers
     from test_bench_decoder_step import LAYERS, WIDTHS_IN, decoder_layers
 
     assert ck.extension.native() is C

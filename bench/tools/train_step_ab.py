@@ -2,8 +2,8 @@
 the same model, weights and batches, forward + backward + gradient clip + NAG step as
 ``convs2s train`` takes them, backends alternated round by round in one process.
 
-    python3 bench/train_step_ab.py [--arch fconv_wmt_en_fr] [--backends triton,reference] [--precision bf16]
-                                   [--sentences 160 --length 25] [--rounds 5 --updates 10] [--json OUT]
+    python3 bench/tools/train_step_ab.py [--arch fconv_wmt_en_fr] [--backends triton,reference] [--precision bf16]
+                                         [--sentences 160 --length 25] [--rounds 5 --updates 10] [--json OUT]
 
 Random weights and tokens (the speed of a step does not depend on them), the paper's batches by
 default: 160 sentences of 25 source and 25 target tokens (4,000 tokens). Prints target tokens/s
