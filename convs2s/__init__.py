@@ -17,6 +17,7 @@ _HOME = {  # public name -> the submodule that defines it
     **dict.fromkeys(["Observer", "SearchOptions", "generate", "greedy", "warmup"], ".generate"),
     **dict.fromkeys(["PreparedModel", "prepare"], ".engine"),
     "Dictionary": ".dictionary",
+    **dict.fromkeys(["Hypothesis", "Translator"], ".translator"),
     **dict.fromkeys(["CheckpointError", "load_fairseq", "save_fairseq"], ".fairseq_io"),
 }
 __all__ = list(_HOME)

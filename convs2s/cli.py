@@ -99,7 +99,10 @@ def _check_translation_options(args) -> None:
     if args.fairseq_checkpoint is None:
         raise Convs2sError("give a model with --fairseq-checkpoint PATH (and --fairseq-dicts DIR if the "
                            "dictionaries are not beside it)")
-    for flag, path in (("--spm", args.spm), ("--replace-unk", args.replace_unk), ("--shortlist", args.shortlist)):
+    if args.spm is not None and args.bpe_codes is not None:
+        raise Convs2sError("give --spm or --bpe-codes, not both")
+    for flag, path in (("--spm", args.spm), ("--bpe-codes", args.bpe_codes), ("--replace-unk", args.replace_unk),
+                       ("--shortlist", args.shortlist)):
         if path is not None:
             checks.existing_file(path, flag)
     if getattr(args, "output", None):
@@ -136,21 +139,14 @@ def _chunk_size(args) -> int:
     return 1 if args.input in (None, "-") and sys.stdin.isatty() else 512
 
 
-def _load_for_translation(args):
-    """The model, its options checked by the command first (_check_translation_options)."""
-    import convs2s
+def _translator(args):
+    """The command's :class:`convs2s.Translator`, its options checked first (_check_translation_options)."""
+    from .translator import Translator
 
-    model, src_dict, tgt_dict = convs2s.load_fairseq(args.fairseq_checkpoint, args.fairseq_dicts,
-                                                      trust_pickle=args.trust_pickle)
-    model.use_backend(args.backend)
-    from .compute_type import DECODE_ENV, apply_variant, choose_decoding
-
-    choice = choose_decoding(model, args.compute_type, beam=args.beam, fold_attention=args.fold_attention,
-                             remeasure=args.remeasure)
-    if choice.seconds or choice.why.startswith(DECODE_ENV):  # a measured (or cached) choice, or the override
-        print(choice.line("compute type"), file=sys.stderr)
-    apply_variant(model, choice.name)
-    return model, src_dict, tgt_dict
+    return Translator(args.fairseq_checkpoint, dicts=args.fairseq_dicts, compute_type=args.compute_type,
+                      threads=args.threads or None, backend=args.backend, fold_attention=args.fold_attention,
+                      spm=args.spm, bpe_codes=args.bpe_codes, tokenizer=args.tokenizer, remove_bpe=args.remove_bpe,
+                      beam=args.beam, remeasure=args.remeasure, trust_pickle=args.trust_pickle, verbose=True)
 
 
 def _given(**options) -> dict:
@@ -163,34 +159,28 @@ def _gen_kwargs(args):
 
     return dict(beam=args.beam, nbest=args.nbest, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
                 min_len=args.min_len, lenpen=args.lenpen, unkpen=args.unkpen, batch_size=args.batch_size,
-                fold_attention=args.fold_attention,
                 observer=Observer(cuda_graph=False if args.no_cuda_graph else None,
                                   **_given(steps_per_graph=args.steps_per_graph)))
 
 
 def _run_translation(args, consume) -> int:
-    """Shared driver: load, translate chunk by chunk, hand each translation to ``consume``."""
+    """Shared driver of translate and generate: the Translator's lines, each handed to ``consume``."""
     from tqdm.auto import tqdm
 
-    from .translate import Tokenizer, load_align_dict, read_lines, translate_lines
+    from .translate import load_align_dict, read_lines
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    model, src_dict, tgt_dict = _load_for_translation(args)
+    translator = _translator(args)
     gen_kwargs = _gen_kwargs(args)
     if args.shortlist:
         from .shortlist import Shortlist
 
-        gen_kwargs["shortlist"] = Shortlist.from_file(args.shortlist, src_dict, tgt_dict, args.shortlist_top)
-    tokenizer = Tokenizer(args.spm, args.remove_bpe)
+        gen_kwargs["shortlist"] = Shortlist.from_file(args.shortlist, translator.src_dict, translator.tgt_dict,
+                                                      args.shortlist_top)
     align_dict = load_align_dict(args.replace_unk) if args.replace_unk else None
     bar = tqdm(unit="sent", desc=args.command, disable=not sys.stderr.isatty() and not args.progress)
     truncated = 0
-    for tr in translate_lines(model, src_dict, tgt_dict, read_lines(args.input), tokenizer,
-                              chunk_size=_chunk_size(args), align_dict=align_dict,
-                              need_alignment=getattr(args, "print_alignment", False), **gen_kwargs):
+    for tr in translator.translate_lines(read_lines(args.input), chunk_size=_chunk_size(args), align_dict=align_dict,
+                                         need_alignment=getattr(args, "print_alignment", False), **gen_kwargs):
         if tr.note:
             print(f"warning: {tr.note}", file=sys.stderr)
         truncated += tr.truncated
@@ -402,7 +392,12 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-pickle", action="store_true",
                    help="load checkpoints with the full unpickler (can run code from the file)")
     p.add_argument("--input", default="-", help="input text, one sentence per line ('-': stdin)")
-    p.add_argument("--spm", help="sentencepiece model: applied to the input and removed from the output")
+    p.add_argument("--spm", help="sentencepiece model: applied to the input and removed from the output "
+                                 "(default: spm.model beside the checkpoint, as `convs2s train` writes it)")
+    p.add_argument("--bpe-codes", help="subword-nmt BPE codes applied to the input, their '@@ ' removed from the output "
+                                       "(default: bpecodes beside the checkpoint, as fairseq's released models have)")
+    p.add_argument("--tokenizer", choices=["moses"], default=None,
+                   help="Moses-tokenise the input and detokenise the output (sacremoses; fairseq's released models)")
     p.add_argument("--remove-bpe", nargs="?", const="@@ ", default=None,
                    help="remove subword-nmt BPE continuation markers from the output (default marker '@@ ')")
     p.add_argument("--beam", type=_positive_int, default=5)
@@ -417,8 +412,9 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", type=_positive_int, default=None,
                    help="lines translated (and written) at a time (default 512; 1 when typing into a terminal)")
     p.add_argument("--backend", default=None, help="kernel backend: auto, cpp, triton, reference")
-    p.add_argument("--fold-attention", action="store_true",
-                   help="precompute the attention projections per sentence (same output, faster steps)")
+    p.add_argument("--fold-attention", action=argparse.BooleanOptionalAction, default=True,
+                   help="precompute the attention projections per sentence (the same n-best lists, faster steps; "
+                        "the default)")
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="on CUDA, run every decoding step eagerly instead of replaying it as a CUDA graph")
     p.add_argument("--steps-per-graph", type=_positive_int, default=None,

@@ -218,6 +218,14 @@ def load_fairseq(checkpoint_path: PathLike, dict_dir: Optional[PathLike] = None,
     Dictionaries are read from ``dict_dir`` or, when not given, from the checkpoint's folder
     (``dict.<source_lang>.txt`` and ``dict.<target_lang>.txt``).
     """
+    model, src_dict, tgt_dict, _ = load_fairseq_with_languages(checkpoint_path, dict_dir, trust_pickle=trust_pickle)
+    return model, src_dict, tgt_dict
+
+
+def load_fairseq_with_languages(checkpoint_path: PathLike, dict_dir: Optional[PathLike] = None, *,
+                                trust_pickle: bool = False):
+    """:func:`load_fairseq`, plus the checkpoint's ``(source_lang, target_lang)`` (a text
+    tokeniser's languages)."""
     checkpoint_path = Path(checkpoint_path)
     ckpt = read_checkpoint(checkpoint_path, trust_pickle)
     model = model_from_checkpoint(ckpt)
@@ -229,7 +237,7 @@ def load_fairseq(checkpoint_path: PathLike, dict_dir: Optional[PathLike] = None,
                 f"{path} has {len(d)} symbols (with the 4 specials) but the checkpoint's embedding has {rows} rows; "
                 "wrong dictionary or swapped languages?"
             )
-    return model, src_dict, tgt_dict
+    return model, src_dict, tgt_dict, checkpoint_langs(ckpt)
 
 
 def _spec_string(spec) -> str:

@@ -75,21 +75,36 @@ def replace_unk(hypo_words: Sequence[str], src_words: Sequence[str], alignment: 
 
 
 class Tokenizer:
-    """Whitespace tokens, or sentencepiece pieces when a model file is given."""
+    """Text to the model's pieces and back: sentencepiece when a model file is given; otherwise
+    whitespace tokens, first Moses-tokenised (``moses=(source_lang, target_lang)``, sacremoses) and
+    split by subword-nmt BPE codes (``bpe_codes``) where given, as fairseq's released models were
+    trained. ``remove_bpe`` is the continuation marker taken out of the output ("@@ " with codes)."""
 
-    def __init__(self, spm_model: Optional[str] = None, remove_bpe: Optional[str] = None):
-        self.sp = None
-        self.remove_bpe = remove_bpe
+    def __init__(self, spm_model: Optional[str] = None, remove_bpe: Optional[str] = None, *,
+                 bpe_codes: Optional[str] = None, moses: Optional[Tuple[str, str]] = None):
+        self.sp = self.bpe = self.moses = None
+        self.remove_bpe = remove_bpe if remove_bpe is not None or bpe_codes is None else "@@ "
         if spm_model is not None:
             if not Path(spm_model).is_file():
                 raise FileNotFoundError(f"sentencepiece model not found: {spm_model}")
             import sentencepiece as spm
 
             self.sp = spm.SentencePieceProcessor(model_file=str(spm_model))
+        if bpe_codes is not None:
+            apply_bpe = _optional("subword_nmt.apply_bpe", "subword-nmt", "BPE codes")
+            with open(bpe_codes, encoding="utf-8") as f:
+                self.bpe = apply_bpe.BPE(f, separator=self.remove_bpe.rstrip())
+        if moses is not None:
+            sacremoses = _optional("sacremoses", "sacremoses", "the Moses tokeniser")
+            self.moses = sacremoses.MosesTokenizer(lang=moses[0]), sacremoses.MosesDetokenizer(lang=moses[1])
 
     def encode(self, text: str) -> List[str]:
         if self.sp is not None:
             return self.sp.encode(text, out_type=str)
+        if self.moses is not None:
+            text = self.moses[0].tokenize(text, return_str=True, escape=False)
+        if self.bpe is not None:
+            text = self.bpe.process_line(text)
         return text.split()
 
     def decode(self, pieces: Sequence[str]) -> str:
@@ -98,7 +113,19 @@ class Tokenizer:
         text = " ".join(pieces)
         if self.remove_bpe:
             text = (text + " ").replace(self.remove_bpe, "").rstrip()
+        if self.moses is not None:
+            text = self.moses[1].detokenize(text.split())
         return text
+
+
+def _optional(module: str, package: str, what: str):
+    """An optional dependency, or one line saying how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise Convs2sError(f"{what} need the {package} package: pip install {package}") from None
 
 
 @dataclass

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install convs2s and everything it needs on a fresh machine, building the C++ extension.
-# torch is pinned to 2.13.0 (a CPU build on this project's machines); the extension is built
-# against the installed torch, hence --no-build-isolation.
+# A torch already installed is kept as it is (a CUDA build on a GPU machine, a newer release): the
+# extension is built against it, hence --no-build-isolation. Without one, the oldest tested release
+# (convs2s_kernels.extension.TESTED_TORCH) is installed, a CPU build on this project's machines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,7 +12,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! ls /usr/lib/*/libtcm
     (apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 &&
         apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1; }) || echo "note: tcmalloc not installed"
 fi
-"$PY" -m pip install --quiet --upgrade "torch==2.13.0" setuptools wheel ninja pybind11
+"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install --quiet "torch==2.13.0"
+"$PY" -m pip install --quiet --upgrade setuptools wheel ninja
 # The package and its C++ build are reused while nothing they are made from changed (the sources,
 # the build files, torch, python, the switches): scripts/test.sh runs this again, and a rebuild
 # costs 4-12 minutes on 2 cores.
@@ -26,7 +28,7 @@ sys.exit(0 if ok and (convs2s_kernels.extension._C is not None or os.environ.get
     echo "convs2s: installed from this folder and built from these sources already (fingerprint $fingerprint)"
 else
     rm -f "$stamp"
-    "$PY" -m pip install --quiet --no-build-isolation -e ".[test,triton,plot]"
+    "$PY" -m pip install --quiet --no-build-isolation -e ".[test,triton,plot,text]"
     mkdir -p build && echo "$fingerprint" > "$stamp"
 fi
 "$PY" -m convs2s_kernels.report

@@ -146,7 +146,8 @@ class PreparedModel:
 def prepare(model, compute_type: Optional[str] = None) -> PreparedModel:
     """``model``'s preparation for decoding (made once per model object, then the same one), with
     ``compute_type`` applied to it when given: ``fp32``, ``bf16`` or an int8 variant name
-    (:data:`convs2s.engine.variants.VARIANTS`; ``bf16`` casts the model's parameters). A
+    (:data:`convs2s.engine.variants.VARIANTS`; ``bf16`` casts the model's parameters; ``int8`` is
+    that one variant, where :class:`convs2s.Translator` measures the fastest of them). A
     :class:`PreparedModel` is returned as it is."""
     if isinstance(model, PreparedModel):
         prepared = model
@@ -157,7 +158,9 @@ def prepare(model, compute_type: Optional[str] = None) -> PreparedModel:
             model.__dict__[_ATTRIBUTE] = prepared
     if compute_type is not None:
         if isinstance(compute_type, str) and compute_type not in VARIANTS:
-            raise ValueError(f"unknown compute type {compute_type!r}; choose from {', '.join(VARIANTS)}")
+            measured = " ('auto' is a choice measured per model and machine: convs2s.Translator makes it)" \
+                if compute_type == "auto" else ""
+            raise ValueError(f"unknown compute type {compute_type!r}; choose from {', '.join(VARIANTS)}{measured}")
         v = VARIANTS[compute_type] if isinstance(compute_type, str) else compute_type
         prepared.model.to(dtype=v.dtype)
         prepared.quantize_decoder_int8(v.int8, activations=v.activations or "int8", weight_bits=v.weight_bits)
