@@ -91,7 +91,8 @@ class Decoder(nn.Module):
         weight = fc3.effective_weight() if isinstance(fc3, WeightNormed) else fc3.weight
         x, target = features.reshape(-1, features.shape[-1]), target.reshape(-1)
         keep = target != PAD
-        if features.device.type == "cpu" and not bool(keep.all()):  # pads add nothing: no products for them
+        # pads add nothing: no products for them (traced, they stay and ignore_index drops them)
+        if features.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(keep.all()):
             x, target = x[keep], target[keep]
         return ck.output_loss(x, weight, fc3.bias, target, label_smoothing=label_smoothing, ignore_index=PAD,
                               backend=backend)

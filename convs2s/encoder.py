@@ -49,7 +49,7 @@ def check_tokens(name: str, tokens, vocab_size: int, max_len: int) -> None:
             f"{name} has {tokens.shape[1]} steps but the position table allows at most {max_len} "
             "(EOS included); shorten or split the sentence"
         )
-    if indices_trusted():  # a search loop's own topk ids: no host read per step
+    if torch.compiler.is_compiling() or indices_trusted():  # traced (no host reads), or a search's own topk ids
         return
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= vocab_size:
@@ -82,9 +82,9 @@ class Encoder(nn.Module):
         check_tokens("src_tokens", src_tokens, self.vocab_size, self.max_positions)
         src_tokens = src_tokens.long()
         pad_mask = src_tokens.eq(PAD)
-        if bool((pad_mask[:, 1:] & ~pad_mask[:, :-1]).any()):
+        if not torch.compiler.is_compiling() and bool((pad_mask[:, 1:] & ~pad_mask[:, :-1]).any()):  # eager only
             raise ValueError("src_tokens must be left-padded (pad = 1 only before the first real token of a row)")
-        if bool(pad_mask.all(dim=1).any()):
+        if not torch.compiler.is_compiling() and bool(pad_mask.all(dim=1).any()):
             raise ValueError("src_tokens has a row made only of padding; every source needs at least EOS")
         return src_tokens, pad_mask
 
@@ -95,7 +95,7 @@ class Encoder(nn.Module):
         x = ck.dropout(x, self.dropout, self.training, backend=backend)
         input_embedding = x
         x = self.fc1(x)
-        mask = pad_mask if bool(pad_mask.any()) else None
+        mask = pad_mask if torch.compiler.is_compiling() or bool(pad_mask.any()) else None  # traced: an all-False mask is the identity
         residuals = [x]
         for proj, conv, r in zip(self.projections, self.convolutions, self.residuals):
             residual = residual_input(residuals, proj, r)

@@ -60,7 +60,8 @@ class ConvS2SModel(nn.Module):
             if not isinstance(src_lengths, torch.Tensor) or src_lengths.shape != src_tokens.shape[:1]:
                 raise ValueError(f"src_lengths must be a ({src_tokens.shape[0]},) tensor of source lengths")
         encoder_out = self.encoder(src_tokens, backend=self.backend)
-        if src_lengths is not None and not torch.equal(src_lengths.to(encoder_out.src_lengths), encoder_out.src_lengths):
+        if src_lengths is not None and not torch.compiler.is_compiling() \
+                and not torch.equal(src_lengths.to(encoder_out.src_lengths), encoder_out.src_lengths):
             raise ValueError("src_lengths disagree with the number of non-pad tokens of src_tokens")
         if prev_output_tokens.shape[0] != src_tokens.shape[0]:
             raise ValueError(

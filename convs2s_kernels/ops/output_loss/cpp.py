@@ -12,7 +12,12 @@ In float32 with gradients, the logits' and the weight gradient's products run on
 or on oneDNN's inner product, in 512- or 1,024-row blocks: whichever was measured fastest for the
 output layer's shape on this machine (:func:`gemm_choice`, once, kept in the kernel-choice cache;
 ``CONVS2S_OUTPUT_LOSS_GEMM=aten|onednn`` overrides it). MKL runs AVX2 code on AMD CPUs, where
-oneDNN took 10% less time for the whole op (bench/results/amd-epyc-2c/README.md)."""
+oneDNN took 10% less time for the whole op (bench/results/amd-epyc-2c/README.md).
+
+Eager calls take a plain ``autograd.Function``; under ``torch.compile`` the kernel is the
+``torch.library`` custom op ``convs2s::output_loss_cpu`` (traced as one node, its gradients made
+with the loss and scaled in backward as eager's), which makes the GEMM choice where it runs,
+outside the traced code."""
 
 from __future__ import annotations
 
@@ -21,9 +26,10 @@ import os
 import statistics
 import time
 import warnings
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
+from torch import Tensor
 
 from ... import tune_cache
 from ...dispatch import Capability, note_variant, register
@@ -163,7 +169,55 @@ def _loss_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+@torch.library.custom_op("convs2s::output_loss_cpu", mutates_args=())
+def _output_loss_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor, eps: float, ignore_index: int,
+                    grads: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(loss, nll, dx, dweight, dbias): the gradients of ``loss`` made with it (empty without ``grads``).
+    The GEMM choice is made here, where the op runs, not where it is traced (:func:`gemm_choice` asks
+    the extension and the tuning cache; its answers are kept per layer shape); it is not counted as
+    a variant in ``count_dispatches`` (the call is counted where it was traced, as ``cpp``)."""
+    library, block = gemm_choice(*weight.shape) if grads and x.dtype == torch.float32 else ("aten", BLOCK_ROWS)
+    xa, ta = _aligned(x, target, ignore_index)
+    out = native().output_loss_forward(xa, weight, bias, ta, eps, ignore_index, grads, block, LIBRARIES[library])
+    loss, nll = (t.to(_loss_dtype(x)) for t in out[:2])
+    if not grads:
+        return loss, nll, x.new_empty(0), x.new_empty(0), x.new_empty(0)
+    dx, dw, db = out[2:]
+    return loss, nll, dx[:x.shape[0]], dw, db
+
+
+@_output_loss_op.register_fake
+def _(x, weight, bias, target, eps, ignore_index, grads):
+    loss, nll = (x.new_empty((), dtype=_loss_dtype(x)) for _ in range(2))
+    if not grads:
+        return loss, nll, x.new_empty(0), x.new_empty(0), x.new_empty(0)
+    return loss, nll, x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape[0])
+
+
+def _output_loss_setup(ctx, inputs, output):
+    _loss, nll, dx, dw, db = output
+    ctx.mark_non_differentiable(nll, dx, dw, db)
+    ctx.save_for_backward(dx, dw, db)
+    ctx.has_bias, ctx.grads = inputs[2] is not None, inputs[6]
+
+
+def _output_loss_backward(ctx, g, *_):
+    if not ctx.grads:
+        raise RuntimeError("convs2s::output_loss_cpu was called with grads=False: it made no gradients")
+    dx, dw, db = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    return (dx * g if need[0] else None, dw * g if need[1] else None, db * g if ctx.has_bias and need[2] else None,
+            None, None, None, None)
+
+
+_output_loss_op.register_autograd(_output_loss_backward, setup_context=_output_loss_setup)
+
+
 def output_loss_cpp(x, weight, bias, target, *, label_smoothing=0.0, ignore_index=1):
+    if torch.compiler.is_compiling():  # the custom op: traced as one node
+        grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+        loss, nll, *_ = _output_loss_op(x, weight, bias, target, float(label_smoothing), int(ignore_index), grads)
+        return loss, nll
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return _OutputLoss.apply(x, weight, bias, target, label_smoothing, ignore_index)
     xa, ta = _aligned(x, target, ignore_index)
