@@ -5,7 +5,8 @@ Commands:
              vs-fairseq: fairseq's own generator beside convs2s (a separate fairseq interpreter);
              vs-fairseq-train: fairseq's training updates beside convs2s's, same weights and batches;
              compare: pivot pytest-benchmark results across machines.
-  translate  translate text (stdin or a file) with a fairseq fconv checkpoint.
+  translate  translate text (stdin or a file) with a fairseq fconv checkpoint (one process, or a
+             corpus across processes and machines under torchrun: convs2s.corpus).
   generate   translate a test set, print fairseq-style S-/H-/P-/A- lines and score it with sacrebleu.
   data       prepare a parallel corpus (cleaning, joint BPE, dictionaries) or fetch Multi30k.
   train      train a model on a prepared data folder (one process, or several under torchrun).
@@ -105,10 +106,16 @@ def _check_translation_options(args) -> None:
                        ("--shortlist", args.shortlist)):
         if path is not None:
             checks.existing_file(path, flag)
-    if getattr(args, "output", None):
+    from .corpus import launched_by_torchrun
+
+    # under torchrun the input (and the output) live on the writer's node: another node checks them
+    # only where it has the file (no process at all having it is said once the group forms)
+    local = not (launched_by_torchrun() and args.input not in (None, "-") and not os.path.exists(args.input))
+    if getattr(args, "output", None) and local:
         checks.writable_file(args.output, "--output")
-    checks.text_file(args.input, "--input", what="input file")
-    if getattr(args, "reference", None):
+    if local:
+        checks.text_file(args.input, "--input", what="input file")
+    if getattr(args, "reference", None) and local:
         checks.text_file(args.reference, "--reference", what="reference file")
     checks.existing_file(args.fairseq_checkpoint, "--fairseq-checkpoint", what="checkpoint")
     if args.fairseq_dicts is not None:
@@ -139,14 +146,16 @@ def _chunk_size(args) -> int:
     return 1 if args.input in (None, "-") and sys.stdin.isatty() else 512
 
 
-def _translator(args):
-    """The command's :class:`convs2s.Translator`, its options checked first (_check_translation_options)."""
+def _translator(args, compute_type=None):
+    """The command's :class:`convs2s.Translator`, its options checked first (_check_translation_options);
+    ``compute_type`` replaces --compute-type (the writer's choice, under torchrun)."""
     from .translator import Translator
 
-    return Translator(args.fairseq_checkpoint, dicts=args.fairseq_dicts, compute_type=args.compute_type,
+    return Translator(args.fairseq_checkpoint, dicts=args.fairseq_dicts, compute_type=compute_type or args.compute_type,
                       threads=args.threads or None, backend=args.backend, fold_attention=args.fold_attention,
                       spm=args.spm, bpe_codes=args.bpe_codes, tokenizer=args.tokenizer, remove_bpe=args.remove_bpe,
-                      beam=args.beam, remeasure=args.remeasure, trust_pickle=args.trust_pickle, verbose=True)
+                      beam=args.beam, remeasure=args.remeasure, trust_pickle=args.trust_pickle, verbose=True,
+                      shortlist=args.shortlist, shortlist_top=args.shortlist_top)
 
 
 def _given(**options) -> dict:
@@ -163,30 +172,29 @@ def _gen_kwargs(args):
                                   **_given(steps_per_graph=args.steps_per_graph)))
 
 
-def _run_translation(args, consume) -> int:
-    """Shared driver of translate and generate: the Translator's lines, each handed to ``consume``."""
-    from tqdm.auto import tqdm
+# what a journal of --output must match besides the files (convs2s.corpus.job_key adds their digests)
+_OUTPUT_OPTIONS = ("beam", "nbest", "max_len_a", "max_len_b", "min_len", "lenpen", "unkpen", "batch_size",
+                   "fold_attention", "backend", "tokenizer", "remove_bpe", "shortlist_top", "replace_unk")
 
-    from .translate import load_align_dict, read_lines
 
-    translator = _translator(args)
-    gen_kwargs = _gen_kwargs(args)
-    if args.shortlist:
-        from .shortlist import Shortlist
+def _run_translation(args, consume, output: Optional[str] = None) -> Optional[int]:
+    """Shared driver of translate and generate (convs2s.corpus: one process, or the group under
+    torchrun): ``consume`` gets each translation in input order on the writer. Returns the exit
+    status, None on the processes that are not the writer."""
+    from . import corpus
+    from .translate import load_align_dict
 
-        gen_kwargs["shortlist"] = Shortlist.from_file(args.shortlist, translator.src_dict, translator.tgt_dict,
-                                                      args.shortlist_top)
-    align_dict = load_align_dict(args.replace_unk) if args.replace_unk else None
-    bar = tqdm(unit="sent", desc=args.command, disable=not sys.stderr.isatty() and not args.progress)
-    truncated = 0
-    for tr in translator.translate_lines(read_lines(args.input), chunk_size=_chunk_size(args), align_dict=align_dict,
-                                         need_alignment=getattr(args, "print_alignment", False), **gen_kwargs):
-        if tr.note:
-            print(f"warning: {tr.note}", file=sys.stderr)
-        truncated += tr.truncated
-        consume(tr)
-        bar.update(1)
-    bar.close()
+    if corpus.launched_by_torchrun() and not args.threads:
+        args.threads = corpus.default_threads()  # torchrun's own default is one thread a process
+    search = dict(_gen_kwargs(args), need_alignment=getattr(args, "print_alignment", False),
+                  align_dict=load_align_dict(args.replace_unk) if args.replace_unk else None)
+    key = {name: getattr(args, name) for name in _OUTPUT_OPTIONS}
+    key["replace_unk"] = corpus.file_digest(args.replace_unk) if args.replace_unk else None
+    job = corpus.Job(lambda compute_type: _translator(args, compute_type), args.input, _chunk_size(args), consume,
+                     key, output=output, search=search, progress=sys.stderr.isatty() or args.progress)
+    truncated = corpus.run(job)
+    if truncated is None:
+        return None
     return 1 if truncated else 0  # every line translated, but not all of some: status 1 says so
 
 
@@ -197,18 +205,11 @@ def cmd_translate(args) -> int:
     _check_translation_options(args)
     from .translate import write_lines
 
-    out = [] if args.output else [sys.stdout]  # opened at the first translation: a checkpoint that fails to
-    # load leaves an earlier output as it was; from then on each chunk is written as it is done
-
-    def consume(tr):
-        if not out:
-            out.append(open(args.output, "w", encoding="utf-8"))
-        write_lines(out[0], [h["text"] for h in tr.hypotheses] or [""])
-    try:
-        return _run_translation(args, consume)
-    finally:
-        if out and out[0] is not sys.stdout:
-            out[0].close()
+    def consume(tr):  # --output: convs2s.corpus writes it a chunk at a time, journalled
+        if not args.output:
+            write_lines(sys.stdout, [h["text"] for h in tr.hypotheses] or [""])
+    rc = _run_translation(args, consume, output=args.output)
+    return 0 if rc is None else rc
 
 
 def cmd_generate(args) -> int:
@@ -217,9 +218,6 @@ def cmd_generate(args) -> int:
 
     from .translate import format_fairseq_lines, read_lines, write_lines
 
-    refs = None
-    if args.reference:
-        refs = [text for _, text in read_lines(args.reference)]
     hyps: list = []
 
     def consume(tr):
@@ -227,7 +225,10 @@ def cmd_generate(args) -> int:
         hyps.append(tr.hypotheses[0]["text"] if tr.hypotheses else "")
 
     rc = _run_translation(args, consume)
-    if refs is not None:
+    if rc is None:  # another process of the group: the writer scores the whole set
+        return 0
+    if args.reference:
+        refs = [text for _, text in read_lines(args.reference)]
         if len(refs) != len(hyps):
             print(f"error: {args.reference} has {len(refs)} lines but {args.input} has {len(hyps)}", file=sys.stderr)
             return 2
@@ -355,6 +356,9 @@ def _check_training_files(args) -> None:
 
 
 def cmd_train(args) -> int:
+    from .distributed import restarted
+
+    args.resume = args.resume or restarted()  # restarted by torchrun (--max-restarts): continue, as --resume does
     from .architectures import get_config
     from .train import StopKind, Trainer, TrainingDiverged, init_distributed
 
@@ -369,8 +373,8 @@ def cmd_train(args) -> int:
         return 2
     _check_training_files(args)
     cfg.bf16 = _train_precision(args, cfg)
-    info = init_distributed()
     try:
+        info = init_distributed()
         trainer = Trainer(cfg, info)
         summary = trainer.train(resume=args.resume, progress_bar=True if args.progress else None)
     except TrainingDiverged as exc:
@@ -430,7 +434,8 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
                         "translation-quality cost; experts may name one: int8, int8w, int7, w7a7, int8e, int7e, "
                         "w7a7e). CONVS2S_COMPUTE_TYPE overrides auto")
     p.add_argument("--remeasure", action="store_true", help="measure --compute-type auto/int8's choice again")
-    p.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads (0: default)")
+    p.add_argument("--threads", type=_non_negative(int), default=0,
+                   help="torch threads (0: torch's default; under torchrun the node's cores divided among its processes)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
 
 
@@ -535,6 +540,12 @@ def _add_vs_fairseq_train_parser(bsub) -> None:
     vt.add_argument("--backend", default=None, help="convs2s kernel backend: auto, cpp, reference")
     vt.add_argument("--threads", type=_non_negative(int), default=0, help="torch threads for both (0: default)")
     vt.add_argument("--seed", type=int, default=1)
+    vt.add_argument("--compile-modes", type=_name_list, default=["default", "max-autotune-no-cudagraphs"],
+                    help="torch.compile modes of the added rows, comma-separated: convs2s's reference model "
+                         "eager and compiled, fairseq's model compiled ('none': no added rows)")
+    vt.add_argument("--no-compile-fairseq", action="store_true", help="no rows of fairseq's model compiled")
+    vt.add_argument("--compile-backend", default="inductor",
+                    help="torch.compile backend of those rows (aot_eager: the graphs without inductor)")
     vt.add_argument("--json", help="also write the numbers here")
     vt.set_defaults(func=cmd_vs_fairseq_train)
 

@@ -177,7 +177,9 @@ def init_distributed() -> DistInfo:
     if world <= 1:
         return DistInfo()
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        from .distributed import join_group
+
+        join_group("nccl" if torch.cuda.is_available() else "gloo")
     return DistInfo(dist.get_rank(), dist.get_world_size())
 
 

@@ -51,14 +51,19 @@ class Translator:
     projections into the encoder outputs (the same n-best lists, faster steps). ``spm`` /
     ``bpe_codes``: the text pieces (default: ``spm.model`` or ``bpecodes`` beside the checkpoint);
     ``tokenizer="moses"`` Moses-tokenises around BPE codes (fairseq's released models);
-    ``remove_bpe``: the BPE marker to remove from output of an already split input.
+    ``remove_bpe``: the BPE marker to remove from output of an already split input. ``shortlist``:
+    a file of candidate target words per source word (``src tgt1 tgt2 ...``), scored with the
+    ``shortlist_top`` most frequent words instead of the whole vocabulary.
     """
 
     def __init__(self, checkpoint, *, compute_type: str = "auto", threads: Optional[int] = None,
                  backend: Optional[str] = None, fold_attention: bool = True, dicts=None, spm=None, bpe_codes=None,
                  tokenizer: Optional[str] = None, remove_bpe: Optional[str] = None, device: str = "cpu",
-                 beam: int = 5, remeasure: bool = False, trust_pickle: bool = False, verbose: bool = False):
+                 beam: int = 5, remeasure: bool = False, trust_pickle: bool = False, verbose: bool = False,
+                 shortlist=None, shortlist_top: int = 100):
         spm, bpe_codes = _pieces_files(checkpoint, dicts, spm, bpe_codes)
+        self.files = dict(checkpoint=str(checkpoint), spm=spm, bpe_codes=bpe_codes,
+                          shortlist=None if shortlist is None else str(shortlist))  # what shapes the output
         if tokenizer not in (None, "moses"):
             raise Convs2sError(f"tokenizer must be None or 'moses', got {tokenizer!r}")
         import torch
@@ -81,6 +86,11 @@ class Translator:
         self.model, self.fold_attention = model, fold_attention
         moses = (langs[0] or "en", langs[1] or "en") if tokenizer == "moses" else None
         self.tokenizer = Tokenizer(spm, remove_bpe, bpe_codes=bpe_codes, moses=moses)
+        self.shortlist = None
+        if shortlist is not None:  # vocabulary selection: the target words scored per batch
+            from .shortlist import Shortlist
+
+            self.shortlist = Shortlist.from_file(shortlist, self.src_dict, self.tgt_dict, shortlist_top)
 
     @property
     def compute_type(self) -> str:
@@ -113,6 +123,8 @@ class Translator:
         from .translate import translate_lines
 
         search.setdefault("fold_attention", self.fold_attention)
+        if self.shortlist is not None:
+            search.setdefault("shortlist", self.shortlist)
         return translate_lines(self.model, self.src_dict, self.tgt_dict, iter(lines), self.tokenizer,
                                chunk_size=chunk_size, align_dict=align_dict, need_alignment=need_alignment, **search)
 

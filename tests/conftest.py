@@ -114,3 +114,26 @@ def fake_fairseq(tmp_path, monkeypatch):
         return python, log
 
     return make
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a torchrun rendezvous in a test)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tagged_pids(tag: str, rank: int):
+    """The pids of the processes a torchrun launched with CONVS2S_TEST_TAG=tag in its environment
+    started with RANK=rank (its workers, not the agent): the one a fault test kills."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            env = dict(v.split("=", 1) for v in (proc / "environ").read_bytes().decode().split("\0") if "=" in v)
+        except (OSError, ValueError):
+            continue
+        if env.get("CONVS2S_TEST_TAG") == tag and env.get("RANK") == str(rank):
+            found.append(int(proc.name))
+    return found

@@ -7,11 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 import torch
 
 import convs2s
+from conftest import free_port, tagged_pids
 from convs2s import cli
 from convs2s.data import TokenDataset, write_data_folder
 from convs2s.dictionary import Dictionary
@@ -338,6 +340,60 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(copy_da
     # the update changed the weights: the comparison is not between two untouched models
     init = Trainer(tiny_config(copy_data, tmp_path / "init", model_overrides=dict(dropout=0.1)), **QUIET).model
     assert not torch.equal(init.state_dict()["decoder.fc3.weight_v"], b["model"]["decoder.fc3.weight_v"])
+
+
+def _two_nodes(data, save_dir, *extra, restarts=0, env=None):
+    """Two torchrun commands, one process each, meeting through a c10d rendezvous on 127.0.0.1 as two
+    machines would (the same save folder: only rank 0 writes)."""
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", uuid.uuid4().hex,
+              "--max-restarts", str(restarts), "--monitor-interval", "0.1", "-m", "convs2s"]
+    cmd = launch + _train_cmd(data, save_dir, *extra)[3:]
+    env = dict(env or os.environ, OMP_NUM_THREADS="1")
+    return [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+
+
+def _finish(nodes, timeout=300) -> str:
+    """Both nodes' output, once both ended well."""
+    said = ""
+    for node in nodes:
+        out, err = node.communicate(timeout=timeout)
+        assert node.returncode == 0, err[-3000:]
+        said += out + err
+    return said
+
+
+def test_two_nodes_equal_one_process_with_the_same_global_batch(copy_data, tmp_path):
+    _finish(_two_nodes(copy_data, tmp_path / "two", "--max-update", "6"))
+    subprocess.run(_train_cmd(copy_data, tmp_path / "one", "--max-update", "6", "--update-freq", "2"),
+                   check=True, capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    a = read_checkpoint(tmp_path / "two" / "checkpoint_last.pt")
+    b = read_checkpoint(tmp_path / "one" / "checkpoint_last.pt")
+    assert a[TRAIN_STATE_KEY]["world_size"] == 2
+    for k in b["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5, msg=k)
+    la, lb = losses_by_update(tmp_path / "two"), losses_by_update(tmp_path / "one")
+    assert sorted(la) == sorted(lb) == list(range(1, 7))
+    assert all(math.isclose(la[u], lb[u], rel_tol=1e-4) for u in la)
+
+
+def test_a_killed_node_worker_is_restarted_and_resumes_the_same_loss_curve(copy_data, tmp_path):
+    """SIGKILL one node's worker under --max-restarts: both nodes restart, continue from
+    checkpoint_last.pt without being told (--resume), and end on the uninterrupted run's curve."""
+    tag, run = uuid.uuid4().hex, tmp_path / "killed"
+    nodes = _two_nodes(copy_data, run, "--max-update", "40", "--save-interval", "1", restarts=1,
+                       env=dict(os.environ, CONVS2S_TEST_TAG=tag))
+    _wait_for_updates(run, 5, nodes[0])
+    pids = tagged_pids(tag, 1)
+    assert len(pids) == 1
+    os.kill(pids[0], signal.SIGKILL)
+    assert "resumed from" in _finish(nodes)
+    subprocess.run(_train_cmd(copy_data, tmp_path / "one", "--max-update", "40", "--update-freq", "2"),
+                   check=True, capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    killed, whole = losses_by_update(run), losses_by_update(tmp_path / "one")  # a re-done update repeats its loss
+    assert sorted(killed) == sorted(whole) == list(range(1, 41))
+    assert all(math.isclose(killed[u], whole[u], rel_tol=1e-4) for u in whole)
 
 
 def test_two_processes_stop_together_at_max_time(copy_data, tmp_path):

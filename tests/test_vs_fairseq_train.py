@@ -7,15 +7,18 @@ plumbing (the request, the interleaving, the report, the refusal when the losses
 tested against a stand-in interpreter that answers from convs2s's own Trainer."""
 
 import json
+import operator
 import os
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import torch
+from torch._dynamo import lookup_backend, register_backend
 
 from convs2s.cli import main
-from convs2s_bench.vs_fairseq_train import TrainRequest, compare, losses_agree
+from convs2s_bench.vs_fairseq_train import REFERENCE_EAGER, TrainRequest, compare, format_result, losses_agree
 
 FAIRSEQ_PYTHON = os.environ.get("CONVS2S_FAIRSEQ_PYTHON", str(Path.home() / ".cache/fsq-venv/bin/python"))
 SMALL = dict(arch="fconv_iwslt_de_en", max_tokens=300, updates=2, warmup=1, repeats=2, check_updates=2, vocab=60,
@@ -27,8 +30,14 @@ STAND_IN = textwrap.dedent('''
     assert os.path.basename(driver) == "fairseq_train_driver.py" and os.path.exists(driver)
     req = json.load(open(request))
     with open(os.environ["FAKE_FAIRSEQ_LOG"], "a") as f:
-        f.write(json.dumps({k: req[k] for k in ("dropout", "warmup", "batches", "threads", "lr", "clip_norm")}) + "\\n")
+        f.write(json.dumps({k: req.get(k) for k in ("dropout", "warmup", "batches", "threads", "lr", "clip_norm",
+                                                    "compile")}) + "\\n")
     import torch
+    if req.get("compile"):  # fairseq's model under inductor, as it fails on torch 2.13
+        json.dump(dict(fairseq="stand-in", torch=torch.__version__, threads=req["threads"], seconds=None, losses=[],
+                       gnorms=[], warmup=req["warmup"], parameters=0, compile=req["compile"],
+                       error="InductorError: LoweringException: ValueError: Cannot view a tensor"), open(result, "w"))
+        sys.exit(0)
     from convs2s_bench.vs_fairseq_train import TrainRequest, run_convs2s
     from convs2s.fairseq_io import read_checkpoint
     initial = read_checkpoint(os.path.join(req["folder"], "model.pt"))["model"]
@@ -62,7 +71,7 @@ def test_the_command_times_both_interleaved_and_compares_the_losses(stand_in, tm
     monkeypatch.setattr(convs2s.atomic, "atomic_write_text", recording)
     rc = main(["bench", "vs-fairseq-train", "--fairseq-python", str(python), "--max-tokens", "300", "--updates", "2",
                "--warmup", "1", "--repeats", "2", "--check-updates", "2", "--vocab", "60", "--threads", "1",
-               "--json", str(out_json)])
+               "--compile-modes", "none", "--json", str(out_json)])
     out = capsys.readouterr().out
     assert rc == 0
     requests = [json.loads(line) for line in log.read_text().splitlines()]
@@ -85,13 +94,15 @@ def test_the_command_times_both_interleaved_and_compares_the_losses(stand_in, tm
     assert f"every product convs2s runs at the peak would be {result['ceiling']:.2f}x" in out
     # --json kept each repeat as it ended, then the whole result
     assert [len(r["rows"]["convs2s"]["seconds"]) for r in written] == [1, 2, 2] and written[-1] == result
+    assert set(result["rows"]) == {"fairseq", "convs2s"} and "compiled" not in result  # --compile-modes none
 
 
 def test_losses_that_differ_fail_the_command(stand_in, monkeypatch, capsys):
     python, _ = stand_in
     monkeypatch.setenv("FAKE_FAIRSEQ_DIFFER", "1")
     rc = main(["bench", "vs-fairseq-train", "--fairseq-python", str(python), "--max-tokens", "300", "--updates", "1",
-               "--warmup", "0", "--repeats", "1", "--check-updates", "1", "--vocab", "60", "--threads", "1"])
+               "--warmup", "0", "--repeats", "1", "--check-updates", "1", "--vocab", "60", "--threads", "1",
+               "--compile-modes", "none"])
     err = capsys.readouterr().err
     assert rc == 2 and "the first losses differ by 9.9e-03" in err
 
@@ -105,6 +116,69 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys):
     rc = main(["bench", "vs-fairseq-train", "--fairseq-python", str(python), "--data", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 2 and "not a convs2s data folder" in err and "Traceback" not in err
+    rc = main(["bench", "vs-fairseq-train", "--fairseq-python", str(python), "--compile-modes", "default,fastest"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown torch.compile mode 'fastest'" in err and "Traceback" not in err
+
+
+def _refusing_the_dropout_hash(gm, example_inputs):
+    """A torch.compile backend that fails on the graphs holding the project's dropout hash (its
+    bitwise ops), as inductor can on its 64-bit seed arithmetic, and runs the others as dynamo
+    traced them (eager: fast, and the plumbing is what is tested)."""
+    hashing = {operator.and_, operator.xor, torch.bitwise_and, torch.bitwise_xor}
+    if any(node.target in hashing for node in gm.graph.nodes):
+        raise RuntimeError("OverflowError: 18446744073709551615 too big to convert to int64_t")
+    return lookup_backend("eager")(gm, example_inputs)
+
+
+def _failing(gm, example_inputs):
+    raise RuntimeError("LoweringException: every graph refused")
+
+
+register_backend(_refusing_the_dropout_hash, name="test_vsft_refusing_the_dropout_hash")
+register_backend(_failing, name="test_vsft_failing")
+
+
+def test_compiled_rows_are_timed_beside_the_others_and_checked(stand_in):
+    """The reference model eager and compiled beside fairseq and convs2s: the compiled one compiles
+    untimed first and its first losses equal the eager reference's; where the model as it is fails
+    to compile it is compiled again with the dropout op eager; fairseq's compiled model fails and
+    that failure is its row, not the run's end."""
+    python, log = stand_in
+    req = TrainRequest(fairseq_python=str(python), compile_modes=("default",),
+                       compile_backend="test_vsft_refusing_the_dropout_hash", **SMALL)
+    result = compare(req, log=lambda m: None)
+    rows = result["rows"]
+    assert list(rows) == ["fairseq", "convs2s", REFERENCE_EAGER, "reference compiled (default)",
+                          "fairseq compiled (default)"]
+    compiled = rows["reference compiled (default)"]
+    assert len(compiled["seconds"]) == 2 and compiled["tokens_per_s"] > 0 and compiled["compile_s"] > 0
+    assert compiled["compile_updates"] == 2 and compiled["graphs"] > 0 and compiled["graph_breaks"] > 0
+    assert compiled["graphs_in_timed_pass"] == 0  # compiled before the timings, every shape
+    assert compiled["dropout_eager"] and "OverflowError" in compiled["first_try_error"]
+    assert compiled["losses_agree"] and compiled["max_relative_difference"] < 1e-5 and compiled["check_dropout"] == 0.2
+    assert compiled["convs2s_speedup"]["median"] > 0 and rows[REFERENCE_EAGER]["convs2s_speedup"]["median"] > 0
+    failed = rows["fairseq compiled (default)"]
+    assert failed["tokens_per_s"] is None and failed["error"].startswith("InductorError: LoweringException")
+    requests = [json.loads(line) for line in log.read_text().splitlines()]
+    # fairseq's compiled model: checked at dropout 0, failed, never timed
+    assert [(r["dropout"], r["compile"]) for r in requests] == [(0.0, None), (0.0, "default"), (0.2, None), (0.2, None)]
+    assert result["compiled"]["best"] == "reference compiled (default)"
+    assert result["compiled"]["convs2s_speedup"] == compiled["convs2s_speedup"]["median"]
+    text = format_result(result)
+    assert "| fairseq compiled (default) | failed |" in text and "best compiled row: reference compiled" in text
+    assert "the model as it is failed (BackendCompilerFailed" in text
+
+
+def test_a_model_that_fails_to_compile_is_a_row_not_a_crash(stand_in, capsys):
+    python, _ = stand_in
+    rc = main(["bench", "vs-fairseq-train", "--fairseq-python", str(python), "--max-tokens", "300", "--updates", "1",
+               "--warmup", "0", "--repeats", "1", "--check-updates", "1", "--vocab", "60", "--threads", "1",
+               "--compile-modes", "default", "--no-compile-fairseq", "--compile-backend", "test_vsft_failing"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "| reference compiled (default) | failed |" in out and "LoweringException: every graph refused" in out
+    assert "| reference eager |" in out and "no compiled row ran" in out and "fairseq compiled" not in out
 
 
 @pytest.mark.skipif(not os.access(FAIRSEQ_PYTHON, os.X_OK), reason="no fairseq interpreter (CONVS2S_FAIRSEQ_PYTHON "

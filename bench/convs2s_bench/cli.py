@@ -155,7 +155,9 @@ def vs_fairseq_train(args) -> int:
     req = TrainRequest(fairseq_python=args.fairseq_python, arch=args.arch, data=args.data, max_tokens=args.max_tokens,
                        updates=args.updates, warmup=args.warmup, repeats=args.repeats,
                        check_updates=args.check_updates, dropout=args.dropout, label_smoothing=args.label_smoothing,
-                       vocab=args.vocab, seed=args.seed, backend=args.backend, threads=torch.get_num_threads())
+                       vocab=args.vocab, seed=args.seed, backend=args.backend, threads=torch.get_num_threads(),
+                       compile_modes=() if args.compile_modes == ["none"] else tuple(args.compile_modes),
+                       compile_fairseq=not args.no_compile_fairseq, compile_backend=args.compile_backend)
     save = (lambda partial: atomic_write_text(args.json, json.dumps(partial, indent=1))) if args.json else None
     result = _reported_as(VsFairseqTrainError, lambda: compare(req, log=_log, on_update=save))  # kept per repeat
     print(format_result(result))

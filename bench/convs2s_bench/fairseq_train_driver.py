@@ -16,6 +16,12 @@ replaced by the initial ones. Each update is ``Trainer.train_step`` on one batch
 backward, gradients divided by the target tokens, clipped to ``clip_norm``, the NAG step. The
 result holds the seconds of the timed pass over the batches (after ``warmup`` untimed updates)
 and each update's loss per target token and gradient norm.
+
+With ``compile`` (a ``torch.compile`` mode: ``default``, ``max-autotune-no-cudagraphs``, ...) the
+model is compiled in place first (``nn.Module.compile``, with ``compile_backend``, inductor by
+default), as a user would try: the untimed updates then hold the compilation (``warmup_seconds``)
+and the result counts the graphs dynamo made and its graph breaks. A compiled model that fails
+is a result, not a crash: ``error`` holds the exception in one line.
 """
 
 import json
@@ -63,6 +69,84 @@ def _samples(torch, task, req):
     return [dataset.collater([dataset[i] for i in idx]) for idx in req["batches"]]
 
 
+def failure_line(exc: BaseException) -> str:
+    """``exc`` in one line: its type and the first line of its message that says something (the
+    traceback's last line, without the hints inductor appends such as 'Set TORCHDYNAMO_VERBOSE=1')."""
+    lines = [line.strip() for line in str(exc).splitlines()
+             if line.strip() and not line.strip().startswith(("Set TORCHDYNAMO_VERBOSE", "For more details"))]
+    if len(lines) > 1 and lines[0].endswith(":"):  # dynamo's "backend='inductor' raised:", then what it raised
+        lines[0] = f"{lines[0]} {lines[1]}"
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def dynamo_counts() -> dict:
+    """The graphs dynamo has compiled in this process, its graph breaks, and their reasons (first
+    line each, with how often)."""
+    from torch._dynamo.utils import counters
+
+    reasons = {}
+    for reason, n in counters["graph_break"].items():
+        first = str(reason).strip().splitlines()[0] if str(reason).strip() else "?"
+        reasons[first] = reasons.get(first, 0) + n
+    return dict(graphs=counters["stats"]["unique_graphs"], graph_breaks=sum(reasons.values()), reasons=reasons)
+
+
+def counted_since(before: dict, after: dict) -> dict:
+    """What dynamo compiled and broke on between two :func:`dynamo_counts`."""
+    reasons = {k: n - before["reasons"].get(k, 0) for k, n in after["reasons"].items()}
+    return dict(graphs=after["graphs"] - before["graphs"], graph_breaks=after["graph_breaks"] - before["graph_breaks"],
+                break_reasons={k: n for k, n in reasons.items() if n > 0})
+
+
+def _recorders(task, trainer):
+    """Each update's loss per target token and gradient norm, recorded as fairseq computes them."""
+    losses, gnorms = [], []
+    step, clip = task.train_step, trainer.clip_grad_norm
+
+    def recording_step(sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        loss, sample_size, logging_output = step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        losses.append(float(logging_output["loss"]) / float(logging_output["ntokens"]))
+        return loss, sample_size, logging_output
+
+    def recording_clip(clip_norm):
+        norm = clip(clip_norm)
+        gnorms.append(float(norm))
+        return norm
+
+    task.train_step, trainer.clip_grad_norm = recording_step, recording_clip
+    return losses, gnorms
+
+
+def _updates(trainer, samples, req) -> dict:
+    """``warmup`` untimed updates (the compilation, when compiled), then the timed pass."""
+    mode = req.get("compile")
+    if mode:
+        import torch._dynamo
+
+        torch._dynamo.config.automatic_dynamic_local_pgo = False  # independent of earlier runs' profiles
+        trainer.model.compile(backend=req.get("compile_backend") or "inductor",
+                              **({} if mode == "default" else {"mode": mode}))
+    before = dynamo_counts()
+    t0 = time.perf_counter()
+    first = None
+    for i in range(req["warmup"]):  # untimed: the optimizer is built, buffers allocated
+        trainer.train_step([samples[i % len(samples)]])
+        first = time.perf_counter() - t0 if first is None else first
+    warm = time.perf_counter() - t0
+    compiled = dynamo_counts()
+    t0 = time.perf_counter()
+    for sample in samples:
+        trainer.train_step([sample])
+    seconds = time.perf_counter() - t0
+    out = dict(seconds=seconds, warmup_seconds=warm, first_update_seconds=first)
+    if mode:  # what compiling made (without untimed updates: the whole run), and what the timed pass added
+        end = dynamo_counts()
+        out.update(counted_since(before, compiled if req["warmup"] else end),
+                   graphs_in_timed_pass=counted_since(compiled, end)["graphs"])
+    return out
+
+
 def main(request_path, result_path):
     quiet()
     with open(request_path) as f:
@@ -70,35 +154,19 @@ def main(request_path, result_path):
     torch, task, trainer = _setup(req)
     torch.set_num_threads(req["threads"])
     samples = _samples(torch, task, req)
-    losses, gnorms = [], []
-    step = task.train_step
-
-    def recording_step(sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        loss, sample_size, logging_output = step(sample, model, criterion, optimizer, update_num, ignore_grad)
-        losses.append(float(logging_output["loss"]) / float(logging_output["ntokens"]))
-        return loss, sample_size, logging_output
-
-    task.train_step = recording_step
-    clip = trainer.clip_grad_norm
-
-    def recording_clip(clip_norm):
-        norm = clip(clip_norm)
-        gnorms.append(float(norm))
-        return norm
-
-    trainer.clip_grad_norm = recording_clip
-    for i in range(req["warmup"]):  # untimed: the optimizer is built, buffers allocated
-        trainer.train_step([samples[i % len(samples)]])
-    t0 = time.perf_counter()
-    for sample in samples:
-        trainer.train_step([sample])
-    seconds = time.perf_counter() - t0
+    losses, gnorms = _recorders(task, trainer)
     import fairseq
 
     out = dict(fairseq=getattr(fairseq, "__version__", "?"), torch=torch.__version__, threads=torch.get_num_threads(),
-               allocator=allocator(),
-               seconds=seconds, losses=losses, gnorms=gnorms, warmup=req["warmup"],
+               allocator=allocator(), warmup=req["warmup"], compile=req.get("compile"),
                parameters=sum(p.numel() for p in trainer.model.parameters()))
+    try:
+        out.update(_updates(trainer, samples, req))
+    except Exception as exc:  # noqa: BLE001  (a compiled model's failure is the row's result)
+        if not req.get("compile"):
+            raise
+        out.update(error=failure_line(exc), seconds=None)
+    out.update(losses=losses, gnorms=gnorms)
     write_result(out, result_path)
 
 
