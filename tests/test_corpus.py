@@ -71,6 +71,16 @@ def test_torchrun_writes_the_plain_runs_output(fixture_dir, tmp_path, corpus, pr
     assert not Path(str(out) + ".journal").exists()  # a finished job leaves no journal
 
 
+def test_generate_under_torchrun_prints_the_plain_runs_lines_and_bleu(fixture_dir, tmp_path):
+    """generate: the writer prints every S-/H-/P- line in input order and scores the whole set once."""
+    src = make_input(fixture_dir, tmp_path / "in.txt", 30)
+    args = ["generate", "--fairseq-checkpoint", str(fixture_dir / "checkpoint.pt"), "--input", str(src),
+            "--reference", str(src), "--chunk-size", "4", *OPTIONS]
+    plain = run([sys.executable, "-m", "convs2s", *args]).stdout
+    group = run(torchrun("--standalone", "--nproc-per-node", "2") + args).stdout
+    assert group == plain and plain.count("BLEU = ") == 1 and plain.count("\nH-") >= 29
+
+
 def test_two_nodes_through_a_c10d_rendezvous(fixture_dir, tmp_path, corpus):
     """Two torchrun commands meet on 127.0.0.1; only one node has the input (each runs in its own
     folder, the input named relatively): it becomes the writer, whatever rank it was given."""

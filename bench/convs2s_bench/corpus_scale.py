@@ -9,7 +9,10 @@ lengths (the speed table's sample), each output allowed its source's length plus
 
 * ``plain 1x2``: the plain command, one process of two threads;
 * ``torchrun 1x2``: the same under torchrun, one process (the coordination's cost, target <= 3%);
-* ``torchrun 2x1``: torchrun, two processes of one thread (CTranslate2's inter_threads).
+* ``torchrun 2x1``: torchrun, two processes of one thread (CTranslate2's inter_threads);
+
+all in chunks of 16 sentences (sorted by length: see ``make_input``), which the processes take as
+they are free.
 
 Each configuration first decodes 16 sentences untimed (the kernel choice and the compute type
 measured and cached), then rows are interleaved and repeated; each run's rate is the writer's own line (lines/s over the
@@ -56,20 +59,22 @@ def make_model(folder: Path, vocab: int = 40000, seed: int = 1) -> Path:
 
 
 def make_input(path: Path, sentences: int, vocab: int = 40000) -> Path:
-    """The speed table's sentence lengths, the first ``sentences`` of its fixed order, as words."""
+    """The speed table's sentence lengths, the first ``sentences`` of its fixed order, as words,
+    sorted by length: random weights never say EOS, so a batch decodes to its longest source's
+    limit, and sorted chunks keep that near each sentence's own length (the speed table forces it)."""
     from .workload import random_sentences, synthetic_lengths
 
-    lengths = synthetic_lengths()[:sentences]
+    lengths = sorted(synthetic_lengths()[:sentences])
     path.write_text("".join(" ".join(f"w{t}" for t in s) + "\n" for s in random_sentences(lengths, vocab, seed=1)))
     return path
 
 
-def command(config: str, ckpt: Path, src: Path, out: Path, beam: int, dtype: str) -> List[str]:
+def command(config: str, ckpt: Path, src: Path, out: Path, beam: int, dtype: str, chunk: int = 16) -> List[str]:
     procs, threads = CONFIGS[config]
     run = [sys.executable, "-m", "convs2s"] if procs is None else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs), "-m", "convs2s"]
     return run + ["translate", "--fairseq-checkpoint", str(ckpt), "--input", str(src), "--output", str(out),
-                  "--beam", str(beam), "--compute-type", dtype, "--threads", str(threads),
+                  "--beam", str(beam), "--compute-type", dtype, "--threads", str(threads), "--chunk-size", str(chunk),
                   "--max-len-a", "1", "--max-len-b", "1"]
 
 
@@ -116,6 +121,8 @@ def measure_splits(work: Path, args) -> dict:
                                                     wall_s=summary([x["wall_s"] for x in v])) for c, v in runs.items()}
             print(json.dumps({f"beam{beam}-{dtype}": {c: round(v["lines_per_s"]["median"], 3)
                                                       for c, v in cells[f"beam{beam}-{dtype}"].items()}}), flush=True)
+            if args.json:  # each cell kept as it is measured
+                Path(args.json).write_text(json.dumps(dict(partial=True, splits=cells), indent=1) + "\n")
     return cells
 
 
