@@ -106,7 +106,7 @@ def _check_translation_options(args) -> None:
                        ("--shortlist", args.shortlist)):
         if path is not None:
             checks.existing_file(path, flag)
-    from .corpus import launched_by_torchrun
+    from .distributed import launched_by_torchrun
 
     # under torchrun the input (and the output) live on the writer's node: another node checks them
     # only where it has the file (no process at all having it is said once the group forms)
@@ -182,10 +182,11 @@ def _run_translation(args, consume, output: Optional[str] = None) -> Optional[in
     torchrun): ``consume`` gets each translation in input order on the writer. Returns the exit
     status, None on the processes that are not the writer."""
     from . import corpus
+    from .distributed import default_threads, launched_by_torchrun
     from .translate import load_align_dict
 
-    if corpus.launched_by_torchrun() and not args.threads:
-        args.threads = corpus.default_threads()  # torchrun's own default is one thread a process
+    if launched_by_torchrun() and not args.threads:
+        args.threads = default_threads()  # torchrun's own default is one thread a process
     search = dict(_gen_kwargs(args), need_alignment=getattr(args, "print_alignment", False),
                   align_dict=load_align_dict(args.replace_unk) if args.replace_unk else None)
     key = {name: getattr(args, name) for name in _OUTPUT_OPTIONS}

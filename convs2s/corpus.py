@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .distributed import default_threads, join_group, launched_by_torchrun  # noqa: F401  (the CLI's)
+from .distributed import join_group, launched_by_torchrun
 from .errors import Convs2sError
 
 JOURNAL_SUFFIX = ".journal"
