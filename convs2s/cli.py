@@ -340,9 +340,11 @@ def _train_precision(args, cfg) -> bool:
 
 def _check_training_files(args) -> None:
     """The data folder and its training split, and a save folder that takes files and holds no
-    run unless --resume: said before the precision is measured or the data loaded."""
+    run unless --resume: said before the precision is measured or the data loaded (under torchrun
+    the trainer says the last, once its group knows whether it is a restart)."""
     from . import checks
     from .data import DataError, open_data_folder
+    from .distributed import launched_by_torchrun
     from .train import last_checkpoint
 
     checks.existing_folder(args.data, what="data folder")
@@ -351,15 +353,13 @@ def _check_training_files(args) -> None:
     except (FileNotFoundError, DataError) as exc:
         raise Convs2sError(str(exc)) from None
     checks.existing_file(folder.split_path("train"), what="training split")
-    last = last_checkpoint(checks.writable_folder(args.save_dir, "--save-dir"), args.resume)
+    last = last_checkpoint(checks.writable_folder(args.save_dir, "--save-dir"), args.resume or launched_by_torchrun())
     if last.exists():  # resuming: a file to read
         checks.existing_file(last, what="checkpoint")
 
 
 def cmd_train(args) -> int:
     from .distributed import restarted
-
-    args.resume = args.resume or restarted()  # restarted by torchrun (--max-restarts): continue, as --resume does
     from .architectures import get_config
     from .train import StopKind, Trainer, TrainingDiverged, init_distributed
 
@@ -376,6 +376,7 @@ def cmd_train(args) -> int:
     cfg.bf16 = _train_precision(args, cfg)
     try:
         info = init_distributed()
+        args.resume = args.resume or restarted()  # a group torchrun restarted (--max-restarts): continue, as --resume does
         trainer = Trainer(cfg, info)
         summary = trainer.train(resume=args.resume, progress_bar=True if args.progress else None)
     except TrainingDiverged as exc:

@@ -11,8 +11,10 @@ takes the next chunk when it is free (a slow or late process holds back only its
   ``add``, decodes it and leaves the translations under ``out/k``; the writer's thread takes
   ``out/k`` in order, writes them and records the chunk in the journal. The store, not
   collectives: claims are on demand and mailboxes any-to-any, where a collective would make every
-  process wait for the slowest. Every wait polls with a short timeout, so no process sits in one
-  call for gloo's 30 minutes and a writer's failure (``abort``) reaches everyone.
+  process wait for the slowest. The writer's thread has a store connection of its own and blocks
+  on ``out/k`` (the store wakes it when the key is set: nothing polls while the cores decode); the
+  processes' other waits poll, so none sits in one call for gloo's 30 minutes and a writer's
+  failure (``abort``) reaches everyone.
 * The journal (``<output>.journal``: the input's, checkpoint's and options' digests, chunks done,
   output bytes) is rewritten atomically after each chunk's lines reach the disk. A run that finds
   it continues from there, the output cut back to the journalled bytes; one from another input,
@@ -41,6 +43,7 @@ from .errors import Convs2sError
 JOURNAL_SUFFIX = ".journal"
 POLL_S = 0.005  # a store poll's pause: short beside a chunk's decoding
 WAIT_S = 60.0  # longest single wait: far inside gloo's and the store's 30-minute timeouts
+CHUNK_WAIT_S = 6 * 3600.0  # the writer's wait for one chunk: past any chunk's decoding (torchrun sees exits, not hangs)
 Lines = List[Tuple[int, str]]
 
 
@@ -145,9 +148,9 @@ class FileOutput:
             if not finished and self.journal is not None:
                 self.record()  # interrupted: every whole chunk written is kept for the next run
             self.stream.close()
+        if finished and self.stream is None and (self.journal is None or self.journal.chunks_done == 0):
+            self.path.write_text("")  # an empty input: an empty output
         if finished and self.journal is not None:
-            if self.stream is None and self.journal.chunks_done == 0:
-                self.path.write_text("")  # an empty input: an empty output
             self.journal.finish()
 
 
@@ -164,10 +167,14 @@ def translate_chunks(translate: Callable[[Lines], list], lines: Iterator[Tuple[i
 class Mailbox:
     """The process group's store as the chunks' mailbox (keys under this job's prefix)."""
 
-    def __init__(self, store):
+    def __init__(self, store, prefix: Optional[str] = "convs2s/corpus/"):
         import torch.distributed as dist
 
-        self.store = dist.PrefixStore("convs2s/corpus/", store)
+        self.store = dist.PrefixStore(prefix, store) if prefix else store
+
+    def connection(self) -> "Mailbox":
+        """The same mailbox over a connection of its own: a thread's blocking wait holds only its own."""
+        return Mailbox(self.store.clone(), prefix=None)
 
     def put(self, key: str, value) -> None:
         self.store.set(key, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
@@ -179,9 +186,13 @@ class Mailbox:
         self.put(key, translations)
 
     def collect(self, key: str) -> list:
+        """The translations under ``key``, waited for blocking: the store answers when the key is set."""
+        from datetime import timedelta
+
         import torch
 
-        translations = self.take(key, abort_check=False)
+        self.store.wait([key], timedelta(seconds=CHUNK_WAIT_S))
+        translations = self._pop(key)
         for tr in translations:
             tr.hypotheses = [{k: torch.from_numpy(v) if type(v).__module__ == "numpy" else v for k, v in h.items()}
                              for h in tr.hypotheses]
@@ -191,12 +202,15 @@ class Mailbox:
         return self.store.check([key])
 
     def take(self, key: str, *, abort_check: bool = True):
-        """The value under ``key`` once it is there (polled: a blocking wait would hold the store
-        client's lock against the writer's other thread), deleted; raises on the writer's abort."""
+        """The value under ``key`` once it is there (polled, to see the writer's abort between polls),
+        deleted; raises on the writer's abort."""
         while not self.store.check([key]):
             if abort_check and self.store.check(["abort"]):
                 raise Convs2sError(pickle.loads(self.store.get("abort")))
             time.sleep(POLL_S)
+        return self._pop(key)
+
+    def _pop(self, key: str):
         value = pickle.loads(self.store.get(key))
         self.store.delete_key(key)
         return value
@@ -226,7 +240,7 @@ class Writer(threading.Thread):
     def __init__(self, mailbox: Mailbox, pending: List[Tuple[int, Lines]], consume: Callable[[list, int], None],
                  window: int):
         super().__init__(name="convs2s-writer", daemon=True)
-        self.mailbox, self.pending, self.consume, self.window = mailbox, pending, consume, window
+        self.mailbox, self.pending, self.consume, self.window = mailbox.connection(), pending, consume, window
         self.error: Optional[BaseException] = None
 
     def run(self) -> None:
@@ -258,11 +272,10 @@ def decode_claims(mailbox: Mailbox, total: int, translate: Callable[[Lines], lis
 
 
 def wait_for(mailbox: Mailbox, key: str) -> None:
-    """Wait, polling, for ``key``; the writer's abort raises here too."""
+    """Wait, polling, for ``key``; the writer's abort raises here too (left in place for the others)."""
     while not mailbox.ready(key):
         if mailbox.ready("abort"):
-            mailbox.take("abort", abort_check=False)
-            raise Convs2sError("the writer stopped the job")
+            raise Convs2sError(pickle.loads(mailbox.store.get("abort")))
         time.sleep(POLL_S * 10)
 
 
@@ -280,6 +293,8 @@ class Job:
     output: Optional[str] = None
     search: Optional[dict] = None
     progress: bool = False
+    report: bool = True  # the closing "translated N lines in X s" on stderr
+    group: bool = True  # under torchrun, across the group (False: this process alone)
 
     def translate(self, translator) -> Callable[[Lines], list]:
         return lambda lines: list(translator.translate_lines(lines, chunk_size=len(lines), **(self.search or {})))
@@ -295,8 +310,16 @@ class Sink:
         self.job, self.truncated, self.lines, self.start = job, 0, 0, time.perf_counter()
         self.file = FileOutput(job.output, journal) if job.output else None
         self.bar = tqdm(total=total_lines, unit="sent", desc="translate", disable=not job.progress)
+        # the writer's thread consumes while the main thread may close (Ctrl-C): a chunk is whole in
+        # the file and the journal, or absent from both
+        self.lock, self.closed = threading.Lock(), False
 
     def __call__(self, translations: list, chunk: int) -> None:
+        with self.lock:
+            if not self.closed:
+                self._consume(translations, chunk)
+
+    def _consume(self, translations: list, chunk: int) -> None:
         for tr in translations:
             if tr.note:
                 print(f"warning: {tr.note}", file=sys.stderr)
@@ -308,8 +331,10 @@ class Sink:
         self.lines += len(translations)
 
     def close(self, finished: bool) -> None:
+        with self.lock:
+            self.closed = True
         self.bar.close()
-        if finished and self.lines:  # the rate the benchmarks read (convs2s_bench.corpus_scale)
+        if finished and self.lines and self.job.report:  # the rate convs2s_bench.corpus_scale reads
             seconds = time.perf_counter() - self.start
             to_stderr(f"translated {self.lines} lines in {seconds:.2f} s ({self.lines / seconds:.2f} lines/s)")
         if self.file is not None:
@@ -327,7 +352,7 @@ def job_key(job: Job, translator) -> Dict[str, object]:
 def run(job: Job) -> Optional[int]:
     """Translate ``job``, in this process or, under torchrun, across the group; returns how many
     lines were longer than the model's positions on the writer, None on the other processes."""
-    if launched_by_torchrun():
+    if job.group and launched_by_torchrun():
         return _run_group(job)
     from .translate import read_lines
 
@@ -406,10 +431,10 @@ def _write(job: Job, mailbox: Mailbox, translator, journal, pending, plan: dict,
     import torch.distributed as dist
 
     sink = Sink(job, journal, plan["lines"])
-    writer = Writer(mailbox, pending, sink, window=2 * world + 2)
-    writer.start()
     finished = False
     try:
+        writer = Writer(mailbox, pending, sink, window=2 * world + 2)
+        writer.start()
         decode_claims(mailbox, plan["total"], job.translate(translator), writer)
         while writer.is_alive():
             writer.join(timeout=WAIT_S)

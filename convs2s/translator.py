@@ -15,10 +15,11 @@ fewer FLOPs).
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional, Sequence, TextIO, Tuple, Union
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import checks
 from .errors import Convs2sError
@@ -61,6 +62,7 @@ class Translator:
                  tokenizer: Optional[str] = None, remove_bpe: Optional[str] = None, device: str = "cpu",
                  beam: int = 5, remeasure: bool = False, trust_pickle: bool = False, verbose: bool = False,
                  shortlist=None, shortlist_top: int = 100):
+        self._arguments = {k: v for k, v in locals().items() if k != "self"}  # to build it again (a corpus job)
         spm, bpe_codes = _pieces_files(checkpoint, dicts, spm, bpe_codes)
         self.files = dict(checkpoint=str(checkpoint), spm=spm, bpe_codes=bpe_codes,
                           shortlist=None if shortlist is None else str(shortlist))  # what shapes the output
@@ -84,6 +86,8 @@ class Translator:
             print(self.choice.line("compute type"), file=sys.stderr)  # measured, cached, or the override
         apply_variant(model, self.choice.name)
         self.model, self.fold_attention = model, fold_attention
+        self.options = dict(backend=backend, fold_attention=fold_attention, tokenizer=tokenizer,
+                            remove_bpe=remove_bpe, shortlist_top=shortlist_top)  # a journal's key, with files
         moses = (langs[0] or "en", langs[1] or "en") if tokenizer == "moses" else None
         self.tokenizer = Tokenizer(spm, remove_bpe, bpe_codes=bpe_codes, moses=moses)
         self.shortlist = None
@@ -128,35 +132,60 @@ class Translator:
         return translate_lines(self.model, self.src_dict, self.tgt_dict, iter(lines), self.tokenizer,
                                chunk_size=chunk_size, align_dict=align_dict, need_alignment=need_alignment, **search)
 
-    def translate_file(self, source, output, *, chunk_size: int = 512, progress: bool = False, **search) -> int:
+    def translate_file(self, source, output, *, chunk_size: int = 512, progress: bool = False,
+                       distributed: Optional[bool] = None, **search) -> Optional[int]:
         """Translate the lines of ``source`` (a path, ``-`` for stdin) into ``output`` (a path or a
-        text stream), one line each, written a chunk at a time as they are done (an interrupted run
-        keeps every finished line, whole). Returns how many lines were longer than the model's
-        positions (translated from their first tokens; each named on stderr)."""
-        from tqdm.auto import tqdm
+        text stream), one line each, a chunk of ``chunk_size`` lines at a time: the command line's
+        ``translate`` (:mod:`convs2s.corpus`). Into a path it is journalled (``<output>.journal``:
+        called again after an interruption it continues from the finished chunks; another job's
+        journal is refused). ``distributed`` (None: when launched by ``torchrun`` and no process
+        group is formed yet): every process of the torchrun calls it, the group shares the chunks
+        and the process that can read ``source`` writes. Returns how many lines were longer than
+        the model's positions (translated from their first tokens; each named on stderr); None on
+        the group's processes that do not write."""
+        import torch.distributed as dist
 
-        from .translate import read_lines, write_lines
+        from . import corpus
+        from .distributed import launched_by_torchrun
+        from .translate import write_lines
 
-        checks.text_file(source, what="input file")
-        if not hasattr(output, "write"):
-            checks.writable_file(output)
-        out: List[TextIO] = [] if not hasattr(output, "write") else [output]  # opened at the first translation
-        bar = tqdm(unit="sent", desc="translate", disable=not progress)
-        truncated = 0
-        try:
-            for tr in self.translate_lines(read_lines(str(source)), chunk_size=chunk_size, **search):
-                if tr.note:
-                    print(f"warning: {tr.note}", file=sys.stderr)
-                truncated += tr.truncated
-                if not out:
-                    out.append(open(output, "w", encoding="utf-8"))
-                write_lines(out[0], [h["text"] for h in tr.hypotheses[:1]] or [""])
-                bar.update(1)
-        finally:
-            bar.close()
-            if out and out[0] is not output:
-                out[0].close()
-        return truncated
+        group = (launched_by_torchrun() and not dist.is_initialized()) if distributed is None else distributed
+        if group and not launched_by_torchrun():
+            raise Convs2sError("distributed=True needs a process launched by torchrun")
+        stream = output if hasattr(output, "write") else None
+        if not (group and source != "-" and not os.path.exists(source)):  # else: on the writer's node only
+            checks.text_file(source, what="input file")
+            if stream is None:
+                checks.writable_file(output)
+
+        def consume(tr):  # into a path, convs2s.corpus writes the file itself
+            if stream is not None:
+                write_lines(stream, [h["text"] for h in tr.hypotheses[:1]] or [""])
+
+        key = dict(self.options, **{k: _key_value(v) for k, v in search.items()})
+        job = corpus.Job(self._as_writer_chose, str(source), chunk_size, consume, key,
+                         output=None if stream is not None else str(output), search=search, progress=progress,
+                         report=progress, group=group)
+        return corpus.run(job)
+
+    def _as_writer_chose(self, compute_type: Optional[str]) -> "Translator":
+        """This translator for a corpus job whose writer decodes in ``compute_type`` (None: as chosen
+        here); built again in the writer's choice where this process measured another."""
+        if compute_type in (None, self.compute_type):
+            return self
+        return Translator(**dict(self._arguments, compute_type=compute_type, verbose=False))
+
+
+def _key_value(value):
+    """A search option as a journal's key holds it: a scalar as it is, a table by its digest."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps(sorted(value.items()), default=str).encode()).hexdigest()
+    return type(value).__name__
 
 
 def _pieces_files(checkpoint, dicts, spm, bpe_codes) -> Tuple[Optional[str], Optional[str]]:

@@ -81,6 +81,27 @@ def test_generate_under_torchrun_prints_the_plain_runs_lines_and_bleu(fixture_di
     assert group == plain and plain.count("BLEU = ") == 1 and plain.count("\nH-") >= 29
 
 
+def test_translator_translate_file_under_torchrun(fixture_dir, tmp_path):
+    """From Python: every process calls Translator.translate_file, the group shares the chunks and the
+    writer's file is what one process writes; a second job in the same script forms its group anew."""
+    import convs2s
+
+    src = make_input(fixture_dir, tmp_path / "in.txt", 30)
+    ckpt, search = fixture_dir / "checkpoint.pt", dict(beam=2, max_len_b=5)
+    assert convs2s.Translator(ckpt, compute_type="fp32").translate_file(src, tmp_path / "plain.txt", chunk_size=4,
+                                                                         **search) == 0
+    script = tmp_path / "job.py"
+    script.write_text(f"import convs2s\nt = convs2s.Translator({str(ckpt)!r}, compute_type='fp32', threads=1)\n"
+                      f"for name in ('out1.txt', 'out2.txt'):\n"
+                      f"    print('returned', t.translate_file({str(src)!r}, {str(tmp_path)!r} + '/' + name, "
+                      f"chunk_size=4, **{search!r}))\n")
+    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                str(script)])
+    for name in ("out1.txt", "out2.txt"):
+        assert (tmp_path / name).read_bytes() == (tmp_path / "plain.txt").read_bytes()
+    assert sorted(done.stdout.split()) == ["0", "0", "None", "None"] + ["returned"] * 4  # the writer's, the other's
+
+
 def test_two_nodes_through_a_c10d_rendezvous(fixture_dir, tmp_path, corpus):
     """Two torchrun commands meet on 127.0.0.1; only one node has the input (each runs in its own
     folder, the input named relatively): it becomes the writer, whatever rank it was given."""

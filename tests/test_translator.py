@@ -65,6 +65,41 @@ def test_empty_lines_and_files(fixture_dir, tmp_path):
     assert out.read_text() == "\n".join(tr.translate(lines, **OPTIONS)) + "\n"
 
 
+def test_translate_file_is_journalled_like_the_command_line(fixture_dir, tmp_path, monkeypatch):
+    """Interrupted, it keeps its finished chunks and continues from them when called again; it
+    refuses another job's journal; into a stream it writes the same lines."""
+    import io
+
+    lines = fixture_lines(fixture_dir)[:5]
+    tr = convs2s.Translator(fixture_dir / "checkpoint.pt")
+    want = "\n".join(tr.translate(lines, **OPTIONS)) + "\n"
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("\n".join(lines) + "\n")
+    decoded, plain = [], convs2s.Translator.translate_lines
+
+    def interrupted(self, chunk, **kw):
+        if len(decoded) == 3:
+            raise KeyboardInterrupt
+        decoded.append(list(chunk))
+        return plain(self, chunk, **kw)
+    monkeypatch.setattr(convs2s.Translator, "translate_lines", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tr.translate_file(src, out, chunk_size=1, **OPTIONS)
+    assert out.read_text() == "".join(want.splitlines(keepends=True)[:3])  # three whole chunks kept
+    decoded.clear()
+    monkeypatch.setattr(convs2s.Translator, "translate_lines", lambda self, chunk, **kw: decoded.append(1) or
+                        plain(self, list(chunk), **kw))
+    assert tr.translate_file(src, out, chunk_size=1, **OPTIONS) == 0
+    assert out.read_text() == want and len(decoded) == 2  # only the two unfinished chunks decoded
+    assert not (tmp_path / "out.txt.journal").exists()  # finished: the journal is gone
+    (tmp_path / "out.txt.journal").write_text('{"key": {"beam": 9}, "chunks_done": 1, "output_bytes": 3}')
+    with pytest.raises(Convs2sError, match="journal of another job"):
+        tr.translate_file(src, out, chunk_size=1, **OPTIONS)
+    stream = io.StringIO()
+    assert tr.translate_file(src, stream, chunk_size=2, **OPTIONS) == 0
+    assert stream.getvalue() == want
+
+
 def test_a_trained_checkpoint_finds_its_sentencepiece_model(fixture_dir, tmp_path):
     """A folder as `convs2s train` leaves it (checkpoint, dictionaries, spm.model): no --spm needed."""
     import sentencepiece as spm

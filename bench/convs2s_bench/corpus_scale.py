@@ -17,7 +17,9 @@ they are free.
 Each configuration first decodes 16 sentences untimed (the kernel choice and the compute type
 measured and cached), then rows are interleaved and repeated; each run's rate is the writer's own line (lines/s over the
 translation, the model's loading apart) and its whole wall time; every run's output is compared
-byte for byte with the first's. Then the writer's capacity: ``--fake-workers`` processes' worth of
+byte for byte with the first's. The ratios (the coordination's cost, the split) are taken per
+repeat from two runs made one after the other, then their median: a shared machine's drift moves
+both runs of a pair, where a ratio of medians would take it in. Then the writer's capacity: ``--fake-workers`` processes' worth of
 threads on loopback claim chunks and post canned translations (no decoding), so the chunks/s one
 writer hands out, collects and writes (journal included) is what it could feed; divided by the
 measured per-machine rate, the machines one writer keeps busy.
@@ -39,6 +41,9 @@ from pathlib import Path
 from typing import Dict, List
 
 CONFIGS = {"plain 1x2": (None, 2), "torchrun 1x2": (1, 2), "torchrun 2x1": (2, 1)}
+# the ratios read, each from the two runs of one repeat (run next to each other: the machine's drift cancels)
+RATIOS = {"coordination: torchrun 1x2 / plain 1x2": ("torchrun 1x2", "plain 1x2"),
+          "split: torchrun 2x1 / torchrun 1x2": ("torchrun 2x1", "torchrun 1x2")}
 RATE = re.compile(r"translated (\d+) lines in ([0-9.]+) s")
 
 
@@ -94,35 +99,43 @@ def summary(values: List[float]) -> dict:
     return dict(median=statistics.median(values), min=min(values), max=max(values), runs=values)
 
 
+def paired_ratios(cell: dict) -> dict:
+    """Each ratio of ``RATIOS`` per repeat (lines/s over lines/s), its median and spread."""
+    return {name: summary([x / y for x, y in zip(cell[a]["lines_per_s"]["runs"], cell[b]["lines_per_s"]["runs"])])
+            for name, (a, b) in RATIOS.items()}
+
+
 def measure_splits(work: Path, args) -> dict:
     """Every (beam, dtype) cell: the configurations interleaved ``repeats`` times."""
     ckpt, src = make_model(work), make_input(work / "in.txt", args.sentences)
     warm = make_input(work / "warm.txt", 16)
     cells = {}
-    for beam in args.beams:
-        for dtype in args.dtypes:
-            warmed = [timed_run(command(config, ckpt, warm, work / "warm.out", beam, dtype)) for config in CONFIGS]
-            chosen = warmed[0]["compute_type"]  # untimed: the kernel choice and the compute type cached first
-            if dtype == "auto" and chosen in args.dtypes:  # auto is that row here: measured once, said once
-                cells[f"beam{beam}-auto"] = dict(same_as=f"beam{beam}-{chosen}")
-                print(json.dumps({f"beam{beam}-auto": f"chose {chosen}"}), flush=True)
-                continue
-            runs: Dict[str, List[dict]] = {c: [] for c in CONFIGS}
-            first = None
-            for r in range(args.repeats):
-                order = list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))  # ABC CBA: drift cancels
-                for config in order:
-                    out = work / "out.txt"
-                    runs[config].append(timed_run(command(config, ckpt, src, out, beam, dtype)))
-                    text = out.read_bytes()
-                    assert first is None or text == first, f"{config}'s output differs from the first run's"
-                    first = text
-            cells[f"beam{beam}-{dtype}"] = {c: dict(lines_per_s=summary([x["lines_per_s"] for x in v]),
-                                                    wall_s=summary([x["wall_s"] for x in v])) for c, v in runs.items()}
-            print(json.dumps({f"beam{beam}-{dtype}": {c: round(v["lines_per_s"]["median"], 3)
-                                                      for c, v in cells[f"beam{beam}-{dtype}"].items()}}), flush=True)
-            if args.json:  # each cell kept as it is measured
-                Path(args.json).write_text(json.dumps(dict(partial=True, splits=cells), indent=1) + "\n")
+    for beam, dtype in args.cells:
+        warmed = [timed_run(command(config, ckpt, warm, work / "warm.out", beam, dtype)) for config in CONFIGS]
+        chosen = warmed[0]["compute_type"]  # untimed: the kernel choice and the compute type cached first
+        if dtype == "auto" and chosen in args.dtypes:  # auto is that row here: measured once, said once
+            cells[f"beam{beam}-auto"] = dict(same_as=f"beam{beam}-{chosen}")
+            print(json.dumps({f"beam{beam}-auto": f"chose {chosen}"}), flush=True)
+            continue
+        runs: Dict[str, List[dict]] = {c: [] for c in CONFIGS}
+        first: Dict[int, bytes] = {}  # by threads a process: bf16's rounding depends on them
+        for r in range(args.repeats):
+            order = list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))  # ABC CBA: drift cancels
+            for config in order:
+                out = work / "out.txt"
+                runs[config].append(timed_run(command(config, ckpt, src, out, beam, dtype)))
+                threads = CONFIGS[config][1]
+                assert first.setdefault(threads, out.read_bytes()) == out.read_bytes(), \
+                    f"{config}'s output differs from the first run's of {threads} threads a process"
+        cell = {c: dict(lines_per_s=summary([x["lines_per_s"] for x in v]), wall_s=summary([x["wall_s"] for x in v]),
+                        compute_type=v[0]["compute_type"]) for c, v in runs.items()}
+        cells[f"beam{beam}-{dtype}"] = dict(cell, ratios=paired_ratios(cell),
+                                            same_output_1_and_2_threads=len(set(first.values())) == 1)
+        print(json.dumps({f"beam{beam}-{dtype}": {c: round(v["median"], 3) for c, v in
+                                                  [(c, v["lines_per_s"]) for c, v in cell.items()]
+                                                  + list(cells[f"beam{beam}-{dtype}"]["ratios"].items())}}), flush=True)
+        if args.json:  # each cell kept as it is measured
+            Path(args.json).write_text(json.dumps(dict(partial=True, splits=cells), indent=1) + "\n")
     return cells
 
 
@@ -196,6 +209,7 @@ def main(argv=None) -> int:
     p.add_argument("--sentences", type=int, default=500)
     p.add_argument("--beams", default="1,5")
     p.add_argument("--dtypes", default="fp32,auto")
+    p.add_argument("--cells", help="beam-dtype pairs to measure instead of every beam and dtype, e.g. 5-fp32,5-auto")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--capacity-workers", type=int, default=64)
     p.add_argument("--capacity-chunks", type=int, default=400)
@@ -209,8 +223,9 @@ def main(argv=None) -> int:
     if args.fake_workers:
         fake_workers(args.port, args.fake_workers, args.total)
         return 0
-    args.beams = [int(b) for b in args.beams.split(",")]
     args.dtypes = args.dtypes.split(",")
+    args.cells = [(int(b), d) for b, d in (c.split("-") for c in args.cells.split(","))] if args.cells else \
+        [(int(b), d) for b in args.beams.split(",") for d in args.dtypes]
     result = dict(command=" ".join(["python3 -m convs2s_bench.corpus_scale", *(argv or sys.argv[1:])]),
                   cpu=_cpu(), sentences=args.sentences)
     with tempfile.TemporaryDirectory(prefix="corpus-scale-") as tmp:
