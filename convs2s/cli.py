@@ -106,11 +106,10 @@ def _check_translation_options(args) -> None:
                        ("--shortlist", args.shortlist)):
         if path is not None:
             checks.existing_file(path, flag)
+    from .corpus import checked_here
     from .distributed import launched_by_torchrun
 
-    # under torchrun the input (and the output) live on the writer's node: another node checks them
-    # only where it has the file (no process at all having it is said once the group forms)
-    local = not (launched_by_torchrun() and args.input not in (None, "-") and not os.path.exists(args.input))
+    local = checked_here(args.input, launched_by_torchrun())  # under torchrun the writer's node has the files
     if getattr(args, "output", None) and local:
         checks.writable_file(args.output, "--output")
     if local:

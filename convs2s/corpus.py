@@ -349,6 +349,20 @@ def job_key(job: Job, translator) -> Dict[str, object]:
     return key
 
 
+def checked_here(path, grouped: bool) -> bool:
+    """Whether this process checks the input ``path`` before the job: always alone; in a torchrun
+    group only where the file exists (on another node the writer has it, and no process at all
+    having it is said once the group forms)."""
+    return not (grouped and path not in (None, "-") and not os.path.exists(path))
+
+
+def _open(job: Job) -> Tuple[object, Optional[Journal]]:
+    """The writer's translator (the compute type resolved) and the output's journal (none for stdin)."""
+    translator = job.make_translator(None)
+    journal = Journal.for_output(job.output, job_key(job, translator)) if job.output and job.input != "-" else None
+    return translator, journal
+
+
 def run(job: Job) -> Optional[int]:
     """Translate ``job``, in this process or, under torchrun, across the group; returns how many
     lines were longer than the model's positions on the writer, None on the other processes."""
@@ -356,8 +370,7 @@ def run(job: Job) -> Optional[int]:
         return _run_group(job)
     from .translate import read_lines
 
-    translator = job.make_translator(None)
-    journal = Journal.for_output(job.output, job_key(job, translator)) if job.output and job.input != "-" else None
+    translator, journal = _open(job)
     skip = journal.chunks_done if journal else 0
     if skip:
         to_stderr(f"{journal.path}: continuing after the {skip} chunks of {job.chunk_size} lines finished")
@@ -375,8 +388,7 @@ def _plan(job: Job) -> Tuple[object, dict, Optional[Journal], List[Tuple[int, Li
     """The writer's start: its translator (the compute type resolved), the journal, the chunks still to do."""
     from .translate import read_lines
 
-    translator = job.make_translator(None)
-    journal = Journal.for_output(job.output, job_key(job, translator)) if job.output else None
+    translator, journal = _open(job)
     skip = journal.chunks_done if journal else 0
     pending = [(k, c) for k, c in enumerate(chunks(read_lines(job.input), job.chunk_size)) if k >= skip]
     plan = dict(compute_type=translator.compute_type, total=len(pending), skip=skip,

@@ -15,7 +15,6 @@ fewer FLOPs).
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,7 +152,7 @@ class Translator:
         if group and not launched_by_torchrun():
             raise Convs2sError("distributed=True needs a process launched by torchrun")
         stream = output if hasattr(output, "write") else None
-        if not (group and source != "-" and not os.path.exists(source)):  # else: on the writer's node only
+        if corpus.checked_here(str(source), group):
             checks.text_file(source, what="input file")
             if stream is None:
                 checks.writable_file(output)

@@ -91,15 +91,16 @@ def test_translator_translate_file_under_torchrun(fixture_dir, tmp_path):
     assert convs2s.Translator(ckpt, compute_type="fp32").translate_file(src, tmp_path / "plain.txt", chunk_size=4,
                                                                          **search) == 0
     script = tmp_path / "job.py"
-    script.write_text(f"import convs2s\nt = convs2s.Translator({str(ckpt)!r}, compute_type='fp32', threads=1)\n"
-                      f"for name in ('out1.txt', 'out2.txt'):\n"
-                      f"    print('returned', t.translate_file({str(src)!r}, {str(tmp_path)!r} + '/' + name, "
-                      f"chunk_size=4, **{search!r}))\n")
-    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                str(script)])
+    # each process says what it returned in a file of its own: torchrun interleaves its workers' stdout
+    script.write_text(f"import os, convs2s\nt = convs2s.Translator({str(ckpt)!r}, compute_type='fp32', threads=1)\n"
+                      f"said = [t.translate_file({str(src)!r}, {str(tmp_path)!r} + '/' + name, chunk_size=4, "
+                      f"**{search!r}) for name in ('out1.txt', 'out2.txt')]\n"
+                      f"open({str(tmp_path)!r} + '/returned' + os.environ['RANK'], 'w').write(repr(said))\n")
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)])
     for name in ("out1.txt", "out2.txt"):
         assert (tmp_path / name).read_bytes() == (tmp_path / "plain.txt").read_bytes()
-    assert sorted(done.stdout.split()) == ["0", "0", "None", "None"] + ["returned"] * 4  # the writer's, the other's
+    returned = sorted((tmp_path / f"returned{rank}").read_text() for rank in (0, 1))
+    assert returned == ["[0, 0]", "[None, None]"]  # the writer's count of both jobs, the other's None
 
 
 def test_two_nodes_through_a_c10d_rendezvous(fixture_dir, tmp_path, corpus):

@@ -240,10 +240,9 @@ def main(argv=None) -> int:
 
 
 def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cores"
-    return f"{os.cpu_count()} cores"
+    from convs2s_kernels.env import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 if __name__ == "__main__":
